@@ -1,0 +1,219 @@
+#pragma once
+// Binary elementwise CUDA loop shared by ops: out = op(a, b), `b` broadcast to `a`'s shape,
+// out a new contiguous tensor of `a`'s shape.
+//   fast path: a, b and out contiguous with 16-byte-aligned pointers -> 16-byte vector
+//              loads/stores, several vectors in flight per thread, persistent grid.
+//   general path: any strides, offsets and alignment (broadcast dims have stride 0);
+//              dims are coalesced first so the index math is usually one or two divisions.
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "dtype_dispatch.h"
+
+namespace fused_ops {
+namespace cuda {
+
+constexpr int kThreadsPerBlock = 256;
+constexpr int kVectorsInFlight = 4;
+constexpr int kMaxStridedDims = 8;
+
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T values[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ Vec16<T> load_vec16(const T* base, int64_t vector_index) {
+  return reinterpret_cast<const Vec16<T>*>(base)[vector_index];
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec16(T* base, int64_t vector_index, const Vec16<T>& value) {
+  reinterpret_cast<Vec16<T>*>(base)[vector_index] = value;
+}
+
+inline bool is_aligned16(const void* pointer) {
+  return reinterpret_cast<uintptr_t>(pointer) % 16 == 0;
+}
+
+// Blocks of kThreadsPerBlock that the current device holds at once, queried once per device.
+inline int64_t resident_blocks_on_current_device() {
+  static std::array<std::atomic<int64_t>, 64> cached{};
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  int64_t blocks = cached[device].load(std::memory_order_relaxed);
+  if (blocks == 0) {
+    int multiprocessors = 0, threads_per_multiprocessor = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&threads_per_multiprocessor,
+                                          cudaDevAttrMaxThreadsPerMultiProcessor, device));
+    blocks = int64_t(multiprocessors) * (threads_per_multiprocessor / kThreadsPerBlock);
+    cached[device].store(blocks, std::memory_order_relaxed);
+  }
+  return blocks;
+}
+
+// Enough blocks to fill every SM once at full occupancy, fewer when the work is small.
+inline int64_t persistent_grid_size(int64_t work_items) {
+  const int64_t resident_blocks = resident_blocks_on_current_device();
+  const int64_t needed_blocks = (work_items + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  return std::max<int64_t>(1, std::min(resident_blocks, needed_blocks));
+}
+
+template <typename scalar_t, typename Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    binary_vectorized_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
+                             const scalar_t* __restrict__ b, int64_t numel, Op op) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vec16<scalar_t>;
+  const int64_t num_vectors = numel / Vec::kSize;
+  const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
+
+  for (int64_t base = thread; base < num_vectors; base += thread_count * kVectorsInFlight) {
+    Vec a_vectors[kVectorsInFlight];
+    Vec b_vectors[kVectorsInFlight];
+#pragma unroll
+    for (int k = 0; k < kVectorsInFlight; ++k) {
+      const int64_t index = base + k * thread_count;
+      if (index < num_vectors) {
+        a_vectors[k] = load_vec16(a, index);
+        b_vectors[k] = load_vec16(b, index);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kVectorsInFlight; ++k) {
+      const int64_t index = base + k * thread_count;
+      if (index < num_vectors) {
+        Vec result;
+#pragma unroll
+        for (int j = 0; j < Vec::kSize; ++j) {
+          result.values[j] = static_cast<scalar_t>(op(static_cast<opmath_t>(a_vectors[k].values[j]),
+                                                      static_cast<opmath_t>(b_vectors[k].values[j])));
+        }
+        store_vec16(out, index, result);
+      }
+    }
+  }
+  // Fewer than one vector of elements is left at the end.
+  const int64_t tail = num_vectors * Vec::kSize + thread;
+  if (tail < numel) {
+    out[tail] = static_cast<scalar_t>(
+        op(static_cast<opmath_t>(a[tail]), static_cast<opmath_t>(b[tail])));
+  }
+}
+
+struct BinaryStridedLayout {
+  int dims;  // innermost dim last
+  int64_t sizes[kMaxStridedDims];
+  int64_t a_strides[kMaxStridedDims];
+  int64_t b_strides[kMaxStridedDims];
+};
+
+template <typename scalar_t, typename Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    binary_strided_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
+                          const scalar_t* __restrict__ b, int64_t numel,
+                          BinaryStridedLayout layout, Op op) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t linear = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; linear < numel;
+       linear += thread_count) {
+    int64_t remaining = linear;
+    int64_t a_offset = 0;
+    int64_t b_offset = 0;
+#pragma unroll
+    for (int d = kMaxStridedDims - 1; d >= 0; --d) {
+      if (d < layout.dims) {
+        const int64_t coordinate = remaining % layout.sizes[d];
+        remaining /= layout.sizes[d];
+        a_offset += coordinate * layout.a_strides[d];
+        b_offset += coordinate * layout.b_strides[d];
+      }
+    }
+    out[linear] = static_cast<scalar_t>(
+        op(static_cast<opmath_t>(a[a_offset]), static_cast<opmath_t>(b[b_offset])));
+  }
+}
+
+// Drops size-1 dims and merges neighbours that are contiguous with each other in both inputs.
+// Returns false when more than kMaxStridedDims dims remain.
+inline bool coalesce_binary_layout(at::IntArrayRef sizes, at::IntArrayRef a_strides,
+                                   at::IntArrayRef b_strides, BinaryStridedLayout& layout) {
+  int64_t merged_sizes[64], merged_a[64], merged_b[64];
+  int dims = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    if (dims > 0 && merged_a[dims - 1] == a_strides[d] * sizes[d] &&
+        merged_b[dims - 1] == b_strides[d] * sizes[d]) {
+      merged_sizes[dims - 1] *= sizes[d];
+      merged_a[dims - 1] = a_strides[d];
+      merged_b[dims - 1] = b_strides[d];
+      continue;
+    }
+    if (dims == kMaxStridedDims) return false;
+    merged_sizes[dims] = sizes[d];
+    merged_a[dims] = a_strides[d];
+    merged_b[dims] = b_strides[d];
+    ++dims;
+  }
+  layout.dims = dims;
+  for (int d = 0; d < dims; ++d) {
+    layout.sizes[d] = merged_sizes[d];
+    layout.a_strides[d] = merged_a[d];
+    layout.b_strides[d] = merged_b[d];
+  }
+  return true;
+}
+
+// Op<opmath_t> is a functor `opmath_t(opmath_t a, opmath_t b)` built from `params`.
+template <template <typename> class Op, typename... Params>
+at::Tensor binary_elementwise_cuda(const at::Tensor& a, const at::Tensor& b,
+                                   Params... params) {
+  const c10::cuda::CUDAGuard device_guard(a.device());
+  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t numel = out.numel();
+  if (numel == 0) return out;
+  at::Tensor a_view = a;
+  at::Tensor b_view = b.expand(a.sizes());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+
+  FUSED_DISPATCH_FLOATING_TYPES(a.scalar_type(), "binary_elementwise_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const Op<opmath_t> op{static_cast<opmath_t>(params)...};
+    BinaryStridedLayout layout;
+    if (!coalesce_binary_layout(a_view.sizes(), a_view.strides(), b_view.strides(), layout)) {
+      // Rare: more dims than the index math unrolls for; copying to contiguous is correct.
+      a_view = a_view.contiguous();
+      b_view = b_view.contiguous();
+      coalesce_binary_layout(a_view.sizes(), a_view.strides(), b_view.strides(), layout);
+    }
+    const scalar_t* a_data = a_view.const_data_ptr<scalar_t>();
+    const scalar_t* b_data = b_view.const_data_ptr<scalar_t>();
+    scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
+    const bool dense = layout.dims <= 1 && (layout.dims == 0 ||
+                                            (layout.a_strides[0] == 1 && layout.b_strides[0] == 1));
+    if (dense && is_aligned16(a_data) && is_aligned16(b_data) && is_aligned16(out_data)) {
+      const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
+      const int64_t blocks = persistent_grid_size(std::max<int64_t>(num_vectors, 1));
+      binary_vectorized_kernel<scalar_t><<<blocks, kThreadsPerBlock, 0, stream>>>(
+          out_data, a_data, b_data, numel, op);
+    } else {
+      binary_strided_kernel<scalar_t><<<persistent_grid_size(numel), kThreadsPerBlock, 0, stream>>>(
+          out_data, a_data, b_data, numel, layout, op);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+}  // namespace cuda
+}  // namespace fused_ops

@@ -1,0 +1,23 @@
+#pragma once
+// Argument checks shared by every backend of an op, so CPU, CUDA and Meta reject the same
+// inputs with the same messages. Sizes are read as SymInts so the Meta kernel can use them.
+#include <ATen/ATen.h>
+
+namespace fused_ops {
+
+// Floating dtype the library has kernels for (float64, float32, float16, bfloat16).
+void check_floating(const char* op, const char* arg, const at::Tensor& tensor);
+void check_same_dtype(const char* op, const char* arg, const at::Tensor& tensor,
+                      const char* reference_arg, const at::Tensor& reference);
+void check_same_device(const char* op, const char* arg, const at::Tensor& tensor,
+                       const char* reference_arg, const at::Tensor& reference);
+// `tensor` broadcasts to `target`'s shape without changing that shape.
+void check_broadcasts_to(const char* op, const char* arg, const at::Tensor& tensor,
+                         const char* target_arg, const at::Tensor& target);
+void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
+                      const char* reference_arg, const at::Tensor& reference);
+
+void check_relu_add_arguments(const at::Tensor& x, const at::Tensor& y);
+void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor& x);
+
+}  // namespace fused_ops
