@@ -1,0 +1,49 @@
+"""fused_ops: fused CUDA operators for PyTorch as `torch.ops.fused.*` dispatcher ops.
+
+Importing this package loads the shared library, which registers every op. The library
+holds no Python: `torch.ops.load_library(fused_ops.library_path())` alone is equivalent,
+and a C++ process can link it directly.
+"""
+import os
+
+import torch
+
+__version__ = "0.1.0"
+
+_PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
+
+
+def library_path() -> str:
+    """Absolute path of libfused_ops.so."""
+    return os.path.join(_PACKAGE_DIR, "lib", "libfused_ops.so")
+
+
+def runner_path() -> str:
+    """Absolute path of the `fused_run` executable (C++ runner, no Python)."""
+    return os.path.join(_PACKAGE_DIR, "bin", "fused_run")
+
+
+def cmake_prefix_path() -> str:
+    """Prefix to pass to CMake (CMAKE_PREFIX_PATH) for `find_package(FusedOps)`."""
+    return _PACKAGE_DIR
+
+
+def cuda_kernels_compiled() -> bool:
+    """Whether the library was built with its CUDA kernels."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("fused::relu_add", "CUDA")
+
+
+torch.ops.load_library(library_path())
+
+from ._ops import relu_add  # noqa: E402
+from . import nn  # noqa: E402
+
+__all__ = [
+    "__version__",
+    "library_path",
+    "runner_path",
+    "cmake_prefix_path",
+    "cuda_kernels_compiled",
+    "relu_add",
+    "nn",
+]

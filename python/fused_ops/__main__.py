@@ -1,0 +1,30 @@
+"""`python -m fused_ops`: what is installed and registered."""
+import argparse
+
+import torch
+
+import fused_ops
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m fused_ops", description=__doc__)
+    parser.add_argument("--cmake-prefix-path", action="store_true",
+                        help="print the prefix to pass to CMake for find_package(FusedOps)")
+    args = parser.parse_args()
+    if args.cmake_prefix_path:
+        print(fused_ops.cmake_prefix_path())
+        return
+    print(f"fused_ops {fused_ops.__version__}")
+    print(f"library: {fused_ops.library_path()}")
+    print(f"runner: {fused_ops.runner_path()}")
+    print(f"torch: {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
+    print(f"CUDA kernels compiled: {'yes' if fused_ops.cuda_kernels_compiled() else 'no'}")
+    print(f"CUDA device available: {'yes' if torch.cuda.is_available() else 'no'}")
+    print("ops:")
+    for schema in torch._C._jit_get_all_schemas():
+        if schema.name.startswith("fused::"):
+            print(f"  {schema}")
+
+
+if __name__ == "__main__":
+    main()

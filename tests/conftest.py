@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+import fused_ops  # noqa: F401  (registers torch.ops.fused.*)
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(
+        not (torch.cuda.is_available() and fused_ops.cuda_kernels_compiled()),
+        reason="needs a CUDA GPU and the CUDA kernels")),
+]
+DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
+
+# Tolerance of one op's result against a float64 reference computed from the same inputs:
+# the op computes in float32 (float64 for float64) and rounds once.
+TOLERANCE = {
+    torch.float64: 1e-12,
+    torch.float32: 2e-6,
+    torch.float16: 1e-3,
+    torch.bfloat16: 8e-3,
+}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    return request.param
+
+
+@pytest.fixture(params=DTYPES, ids=lambda d: str(d).replace("torch.", ""))
+def dtype(request):
+    return request.param
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def assert_close_to_reference(actual, reference, dtype, scale=1.0):
+    """`actual` (any dtype) against a float64 reference, with the tolerance of `dtype`."""
+    tolerance = TOLERANCE[dtype] * scale
+    torch.testing.assert_close(actual.double().cpu(), reference.double().cpu(),
+                               rtol=tolerance, atol=tolerance, equal_nan=True)

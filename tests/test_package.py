@@ -1,0 +1,38 @@
+"""The package's public surface: paths, `python -m fused_ops`, registration."""
+import os
+import subprocess
+import sys
+
+import torch
+
+import fused_ops
+
+
+def test_library_path_is_absolute_and_exists():
+    path = fused_ops.library_path()
+    assert os.path.isabs(path) and os.path.isfile(path)
+
+
+def test_load_library_twice_is_harmless():
+    torch.ops.load_library(fused_ops.library_path())
+    torch.ops.load_library(fused_ops.library_path())
+    assert torch.ops.fused.relu_add(torch.ones(2), torch.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_python_m_fused_ops_reports_everything():
+    result = subprocess.run([sys.executable, "-m", "fused_ops"], capture_output=True, text=True, check=True)
+    out = result.stdout
+    assert f"fused_ops {fused_ops.__version__}" in out
+    assert fused_ops.library_path() in out
+    assert torch.__version__ in out
+    assert "CUDA kernels compiled: " + ("yes" if fused_ops.cuda_kernels_compiled() else "no") in out
+    assert "fused::relu_add(Tensor x, Tensor y, float bias=0.) -> Tensor" in out
+    assert "fused::relu_add_backward(Tensor grad, Tensor x) -> Tensor" in out
+
+
+def test_every_op_has_every_kernel():
+    for op in ("fused::relu_add", "fused::relu_add_backward"):
+        for key in ("CPU", "Meta", "Autograd"):
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), (op, key)
+        if fused_ops.cuda_kernels_compiled():
+            assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), op

@@ -1,0 +1,110 @@
+"""relu_add through TorchScript, torch.compile and torch.export."""
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+import fused_ops
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.relu_add = fused_ops.nn.ReLUAdd(bias=0.5)
+
+    def forward(self, x, y):
+        return self.relu_add(x, y) * 2.0
+
+
+def composite(x, y):
+    return (torch.relu(x) + y + 0.5) * 2.0
+
+
+def inputs(device, requires_grad=False):
+    x = torch.randn(8, 16, device=device, requires_grad=requires_grad)
+    y = torch.randn(16, device=device, requires_grad=requires_grad)
+    return x, y
+
+
+def jit(kind, model, example):
+    with warnings.catch_warnings():  # TorchScript is deprecated upstream from torch 2.11
+        warnings.simplefilter("ignore")
+        return torch.jit.script(model) if kind == "script" else torch.jit.trace(model, example)
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+def test_torchscript_save_load_with_backward(device, kind, tmp_path):
+    x, y = inputs(device)
+    scripted = jit(kind, Model(), (x, y))
+    path = tmp_path / f"{kind}.pt"
+    scripted.save(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loaded = torch.jit.load(str(path), map_location=device)
+    assert "fused::relu_add" in str(loaded.graph) or "fused::relu_add" in str(loaded.inlined_graph)
+    x.requires_grad_(True)
+    y.requires_grad_(True)
+    out = loaded(x, y)
+    torch.testing.assert_close(out, composite(x, y))
+    grads = torch.autograd.grad(out.sum(), (x, y))
+    expected = torch.autograd.grad(composite(x, y).sum(), (x, y))
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want)
+
+
+def test_scripted_function():
+    @torch.jit.script
+    def scripted(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.fused.relu_add(x, y, 1.0) + torch.ops.fused.relu_add(y, x)
+
+    x, y = torch.randn(10), torch.randn(10)
+    expected = torch.relu(x) + y + 1.0 + torch.relu(y) + x
+    torch.testing.assert_close(scripted(x, y), expected)
+
+
+def test_fresh_process_with_only_load_library(device, tmp_path):
+    """A saved TorchScript model runs in a process that never imports fused_ops."""
+    x, y = inputs(device)
+    path = tmp_path / "model.pt"
+    jit("script", Model(), (x, y)).save(str(path))
+    torch.save([x.cpu(), y.cpu()], tmp_path / "inputs.pt")
+    script = textwrap.dedent(f"""
+        import sys, warnings, torch
+        warnings.simplefilter("ignore")
+        torch.ops.load_library({fused_ops.library_path()!r})
+        torch.ops.load_library({fused_ops.library_path()!r})  # loading twice is harmless
+        assert "fused_ops" not in sys.modules
+        model = torch.jit.load({str(path)!r}, map_location={device!r})
+        x, y = [t.to({device!r}) for t in torch.load({str(tmp_path / 'inputs.pt')!r})]
+        torch.save(model(x, y).cpu(), {str(tmp_path / 'out.pt')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), composite(x, y).cpu())
+
+
+def test_compile_fullgraph_dynamic_forward_and_backward(device):
+    torch._dynamo.reset()
+    compiled = torch.compile(Model(), fullgraph=True, dynamic=True)
+    for rows in (8, 13):  # a second shape reuses the dynamic graph
+        x = torch.randn(rows, 16, device=device, requires_grad=True)
+        y = torch.randn(16, device=device, requires_grad=True)
+        out = compiled(x, y)
+        torch.testing.assert_close(out, composite(x, y))
+        grads = torch.autograd.grad(out.sum(), (x, y))
+        expected = torch.autograd.grad(composite(x, y).sum(), (x, y))
+        for grad, want in zip(grads, expected):
+            torch.testing.assert_close(grad, want)
+
+
+def test_export_keeps_one_node(device):
+    x, y = inputs(device)
+    batch = torch.export.Dim("batch")
+    exported = torch.export.export(Model(), (x, y), dynamic_shapes=({0: batch}, None))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.fused.relu_add.default) == 1
+    x2 = torch.randn(5, 16, device=device)
+    torch.testing.assert_close(exported.module()(x2, y), composite(x2, y))
