@@ -1,0 +1,240 @@
+"""Benchmark fused ops against the eager composite and torch.compile of it, in one run.
+
+Effective bandwidth = the bytes an op must move (each input read once, each output written
+once) over its median time, compared with the device's copy bandwidth measured in the same
+run. CUDA: CUDA events, CUDA graphs for small sizes, medians. Also runs on CPU (smaller sizes).
+
+    python scripts/bench.py [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28] [--out DIR]
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+
+import torch
+
+import fused_ops
+
+# Rows of 8192 (a transformer hidden size) once a tensor is that large, e.g. 2^27 = 16384 x 8192.
+ROW = 8192
+GRAPH_MAX_ELEMENTS = 1 << 20
+
+
+def shape_for(numel):
+    return (numel // ROW, ROW) if numel >= ROW else (numel,)
+
+
+# ---- benchmarked cases: each op has its fused call, eager composite and minimal element traffic
+def relu_add_composite(x, y):
+    return torch.relu(x) + y + 0.5
+
+
+def relu_add_fused(x, y):
+    return torch.ops.fused.relu_add(x, y, 0.5)
+
+
+CASES = {
+    # name: (fused, composite, make inputs, elements moved forward, forward+backward)
+    "relu_add": (relu_add_fused, relu_add_composite, 2, 3, 6),
+}
+
+
+class Progress:
+    def __init__(self, total):
+        self.total, self.done, self.start = total, 0, time.time()
+
+    def step(self, label):
+        self.done += 1
+        width = 30
+        filled = int(width * self.done / self.total)
+        elapsed = time.time() - self.start
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                         f"{elapsed:5.0f}s {label:<48}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def median_time_us(run, device, numel, repeats):
+    """Median microseconds of one `run()`; small CUDA sizes replay a captured graph."""
+    if device == "cpu":
+        run()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(times)
+    for _ in range(3):
+        run()
+    torch.cuda.synchronize()
+    calls_per_replay = 1
+    if numel <= GRAPH_MAX_ELEMENTS:
+        try:
+            calls_per_replay = 20
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    run()
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                for _ in range(calls_per_replay):
+                    run()
+            run = graph.replay
+            run()
+        except Exception as error:  # noqa: BLE001 - some composites cannot be captured
+            print(f"\n(no CUDA graph: {type(error).__name__}: {error})", file=sys.stderr)
+            calls_per_replay = 1
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls_per_replay)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(device):
+    numel = (1 << 29) if device == "cuda" else (1 << 25)  # 1 GiB of float16 on the GPU
+    source = torch.randn(numel, device=device).half()
+    target = torch.empty_like(source)
+    us = median_time_us(lambda: target.copy_(source), device, numel, 30 if device == "cuda" else 5)
+    return 2 * source.numel() * source.element_size() / us / 1e3
+
+
+def python_call_overhead_us(device, repeats=2000):
+    """Wall time of one eager call from Python on 4096 float32 elements, back to back."""
+    x, y = torch.randn(4096, device=device), torch.randn(4096, device=device)
+    torch._dynamo.reset()
+    compiled = torch.compile(relu_add_composite)
+    results = {}
+    for name, function in [("fused", relu_add_fused), ("fused_ops.relu_add", lambda a, b: fused_ops.relu_add(a, b, 0.5)),
+                           ("eager", relu_add_composite), ("compile", compiled)]:
+        for _ in range(50):
+            function(x, y)
+        samples = []
+        for _ in range(5):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(repeats):
+                function(x, y)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            samples.append((time.perf_counter() - start) * 1e6 / repeats)
+        results[name] = statistics.median(samples)
+    return results
+
+
+def run(args):
+    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
+    max_log2 = args.max_log2 if args.max_log2 else (28 if device == "cuda" else 22)
+    sizes = sorted({1 << k for k in range(args.min_log2, max_log2 + 1, 2)} |
+                   ({1 << 27} if max_log2 >= 27 else set()))
+    dtypes = [getattr(torch, name) for name in args.dtypes]
+    repeats = args.repeats or (50 if device == "cuda" else 5)
+    gpu = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu"
+
+    copy_gbs = copy_bandwidth_gbs(device)
+    rows = []
+    variants = ["fused", "eager", "compile"]
+    progress = Progress(len(CASES) * len(dtypes) * len(sizes) * 2 * len(variants))
+    for op, (fused, composite, input_count, forward_elements, training_elements) in CASES.items():
+        for dtype in dtypes:
+            for numel in sizes:
+                shape = shape_for(numel)
+                inputs = [torch.randn(shape, device=device, dtype=dtype) for _ in range(input_count)]
+                grad = torch.randn(shape, device=device, dtype=dtype)
+                torch._dynamo.reset()
+                compiled = torch.compile(composite)
+                functions = {"fused": fused, "eager": composite, "compile": compiled}
+                for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
+                    row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
+                           "shape": list(shape), "mode": mode,
+                           "bytes": elements * numel * inputs[0].element_size()}
+                    for variant in variants:
+                        function = functions[variant]
+                        if mode == "forward":
+                            step = lambda f=function: f(*inputs)  # noqa: E731
+                        else:
+                            leaves = [t.detach().requires_grad_(True) for t in inputs]
+                            step = lambda f=function, leaves=leaves: torch.autograd.grad(f(*leaves), leaves, grad)  # noqa: E731
+                        us = median_time_us(step, device, numel, repeats)
+                        row[f"{variant}_us"] = us
+                        row[f"{variant}_gbs"] = row["bytes"] / us / 1e3
+                        progress.step(f"{op} {row['dtype']} 2^{numel.bit_length() - 1} {mode} {variant}")
+                    rows.append(row)
+                del inputs, grad
+    overhead = python_call_overhead_us(device)
+    return {
+        "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
+        "cuda": torch.version.cuda, "copy_gbs": copy_gbs, "python_call_us": overhead, "rows": rows,
+    }
+
+
+def print_table(result):
+    print(f"\n{result['device']}, torch {result['torch']}, {result['date']}; "
+          f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)")
+    header = f"{'op':<9} {'dtype':<8} {'elements':>9} {'mode':<16} {'fused us':>9} {'eager us':>9} {'compile us':>10} {'fused GB/s':>10} {'% copy':>6}"
+    print(header)
+    print("-" * len(header))
+    for row in result["rows"]:
+        print(f"{row['op']:<9} {row['dtype']:<8} {'2^' + str(row['numel'].bit_length() - 1):>9} {row['mode']:<16} "
+              f"{row['fused_us']:9.1f} {row['eager_us']:9.1f} {row['compile_us']:10.1f} "
+              f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}")
+    calls = result["python_call_us"]
+    print("one eager call from Python, 4096 float32 (us): " +
+          ", ".join(f"{name} {us:.2f}" for name, us in calls.items()))
+
+
+def plot(result, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["op"], r["dtype"], r["mode"]) for r in result["rows"]})
+    figure, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for axis, (op, dtype, mode) in zip(axes[0], groups):
+        rows = [r for r in result["rows"] if (r["op"], r["dtype"], r["mode"]) == (op, dtype, mode)]
+        for variant in ("fused", "eager", "compile"):
+            axis.plot([r["numel"] for r in rows], [r[f"{variant}_gbs"] for r in rows], marker="o", label=variant)
+        axis.axhline(result["copy_gbs"], color="gray", linestyle="--", label="copy")
+        axis.set_xscale("log", base=2)
+        axis.set_title(f"{op} {dtype} {mode}")
+        axis.set_xlabel("elements")
+        axis.set_ylabel("effective GB/s")
+        axis.legend()
+    figure.suptitle(f"{result['device']}, torch {result['torch']}, {result['date']}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--min-log2", type=int, default=12)
+    parser.add_argument("--max-log2", type=int, default=None, help="default 28 on CUDA, 22 on CPU")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--cpu", action="store_true", help="benchmark the CPU even when a GPU is present")
+    parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    args = parser.parse_args()
+    result = run(args)
+    print_table(result)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as file:
+        json.dump(result, file, indent=1)
+    plot(result, os.path.join(args.out, "bench.png"))
+    print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+
+
+if __name__ == "__main__":
+    main()
