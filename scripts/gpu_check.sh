@@ -30,6 +30,11 @@ if step tests; then
   tail -n 5 "$OUTDIR/tests.log"
 fi
 
+if step bench; then
+  echo "[gpu_check] benchmark"
+  "$PY" scripts/bench.py --out "$OUTDIR" ${BENCH_ARGS:-} > "$OUTDIR/bench.log" 2>&1 || status=1
+  grep -v "^\[" "$OUTDIR/bench.log" | tail -n 40
+fi
 if step sanitizer; then
   # No caching allocator, so an out-of-bounds access is not hidden inside a pooled block.
   for tool in memcheck racecheck initcheck synccheck; do
@@ -41,10 +46,5 @@ if step sanitizer; then
   done
 fi
 
-if step bench; then
-  echo "[gpu_check] benchmark"
-  "$PY" scripts/bench.py --out "$OUTDIR" ${BENCH_ARGS:-} > "$OUTDIR/bench.log" 2>&1 || status=1
-  grep -v "^\[" "$OUTDIR/bench.log" | tail -n 40
-fi
 echo "[gpu_check] done, status $status"
 exit $status
