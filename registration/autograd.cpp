@@ -63,11 +63,25 @@ class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackward
   }
 };
 
+// Whether a call must record a graph node; otherwise the forward runs without one (the eager
+// inference path stays as short as the op itself).
+bool records_gradient(const at::Tensor& a, const at::Tensor& b) {
+  return at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
+}
+
 at::Tensor relu_add_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
+  if (!records_gradient(x, y)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_relu_add(x, y, bias);
+  }
   return ReluAddFunction::apply(x, y, bias);
 }
 
 at::Tensor relu_add_backward_autograd(const at::Tensor& grad, const at::Tensor& x) {
+  if (!records_gradient(grad, x)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_relu_add_backward(grad, x);
+  }
   return ReluAddBackwardFunction::apply(grad, x);
 }
 

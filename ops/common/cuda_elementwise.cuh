@@ -144,33 +144,32 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Drops size-1 dims and merges neighbours that are contiguous with each other in both inputs.
+// Lays `b` over `a`'s dims (missing leading dims and size-1 dims broadcast with stride 0),
+// drops size-1 dims and merges neighbours that are contiguous with each other in both inputs.
 // Returns false when more than kMaxStridedDims dims remain.
-inline bool coalesce_binary_layout(at::IntArrayRef sizes, at::IntArrayRef a_strides,
-                                   at::IntArrayRef b_strides, BinaryStridedLayout& layout) {
-  int64_t merged_sizes[64], merged_a[64], merged_b[64];
+inline bool coalesce_binary_layout(const at::Tensor& a, const at::Tensor& b,
+                                   BinaryStridedLayout& layout) {
+  const at::IntArrayRef sizes = a.sizes(), a_strides = a.strides();
+  const at::IntArrayRef b_sizes = b.sizes(), b_strides = b.strides();
+  const size_t leading = sizes.size() - b_sizes.size();
   int dims = 0;
   for (size_t d = 0; d < sizes.size(); ++d) {
     if (sizes[d] == 1) continue;
-    if (dims > 0 && merged_a[dims - 1] == a_strides[d] * sizes[d] &&
-        merged_b[dims - 1] == b_strides[d] * sizes[d]) {
-      merged_sizes[dims - 1] *= sizes[d];
-      merged_a[dims - 1] = a_strides[d];
-      merged_b[dims - 1] = b_strides[d];
+    const int64_t b_stride = (d < leading || b_sizes[d - leading] == 1) ? 0 : b_strides[d - leading];
+    if (dims > 0 && layout.a_strides[dims - 1] == a_strides[d] * sizes[d] &&
+        layout.b_strides[dims - 1] == b_stride * sizes[d]) {
+      layout.sizes[dims - 1] *= sizes[d];
+      layout.a_strides[dims - 1] = a_strides[d];
+      layout.b_strides[dims - 1] = b_stride;
       continue;
     }
     if (dims == kMaxStridedDims) return false;
-    merged_sizes[dims] = sizes[d];
-    merged_a[dims] = a_strides[d];
-    merged_b[dims] = b_strides[d];
+    layout.sizes[dims] = sizes[d];
+    layout.a_strides[dims] = a_strides[d];
+    layout.b_strides[dims] = b_stride;
     ++dims;
   }
   layout.dims = dims;
-  for (int d = 0; d < dims; ++d) {
-    layout.sizes[d] = merged_sizes[d];
-    layout.a_strides[d] = merged_a[d];
-    layout.b_strides[d] = merged_b[d];
-  }
   return true;
 }
 
@@ -183,18 +182,18 @@ at::Tensor binary_elementwise_cuda(const at::Tensor& a, const at::Tensor& b,
   const int64_t numel = out.numel();
   if (numel == 0) return out;
   at::Tensor a_view = a;
-  at::Tensor b_view = b.expand(a.sizes());
+  at::Tensor b_view = b;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   FUSED_DISPATCH_FLOATING_TYPES(a.scalar_type(), "binary_elementwise_cuda", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const Op<opmath_t> op{static_cast<opmath_t>(params)...};
     BinaryStridedLayout layout;
-    if (!coalesce_binary_layout(a_view.sizes(), a_view.strides(), b_view.strides(), layout)) {
-      // Rare: more dims than the index math unrolls for; copying to contiguous is correct.
+    if (!coalesce_binary_layout(a_view, b_view, layout)) {
+      // Rare: more dims than the index math unrolls for; contiguous copies coalesce to one.
       a_view = a_view.contiguous();
-      b_view = b_view.contiguous();
-      coalesce_binary_layout(a_view.sizes(), a_view.strides(), b_view.strides(), layout);
+      b_view = b_view.expand(a.sizes()).contiguous();
+      coalesce_binary_layout(a_view, b_view, layout);
     }
     const scalar_t* a_data = a_view.const_data_ptr<scalar_t>();
     const scalar_t* b_data = b_view.const_data_ptr<scalar_t>();
