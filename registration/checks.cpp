@@ -59,4 +59,46 @@ void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor&
   check_same_shape("relu_add_backward", "x", x, "grad", grad);
 }
 
+GeluApproximation parse_gelu_approximation(const char* op, c10::string_view approximate) {
+  if (approximate == "none") return GeluApproximation::None;
+  TORCH_CHECK(approximate == "tanh", "fused::", op, ": expected approximate to be 'none' or 'tanh', but got '",
+              std::string(approximate), "'");
+  return GeluApproximation::Tanh;
+}
+
+void check_bias_gelu_arguments(const char* op, const at::Tensor& x, const at::Tensor& bias) {
+  check_floating(op, "x", x);
+  check_same_dtype(op, "bias", bias, "x", x);
+  check_same_device(op, "bias", bias, "x", x);
+  TORCH_CHECK(x.dim() >= 1, "fused::", op, ": expected x to have at least one dim, but got a 0-d tensor");
+  TORCH_CHECK(bias.dim() == 1 && bias.sym_size(0) == x.sym_size(-1), "fused::", op,
+              ": expected bias to be 1-D of size x.size(-1) = ", x.sym_size(-1), ", but got shape ",
+              bias.sym_sizes());
+}
+
+void check_bias_gelu_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias) {
+  check_bias_gelu_arguments("bias_gelu_backward", x, bias);
+  check_same_dtype("bias_gelu_backward", "grad", grad, "x", x);
+  check_same_device("bias_gelu_backward", "grad", grad, "x", x);
+  check_same_shape("bias_gelu_backward", "grad", grad, "x", x);
+}
+
+void check_gated_arguments(const char* op, const at::Tensor& x) {
+  check_floating(op, "x", x);
+  TORCH_CHECK(x.dim() >= 1, "fused::", op, ": expected x of shape [..., 2d], but got a 0-d tensor");
+  TORCH_CHECK(x.sym_size(-1) % 2 == 0, "fused::", op,
+              ": expected the last dim of x to be even (x is [..., 2d]: gate, then up), but got shape ",
+              x.sym_sizes());
+}
+
+void check_gated_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x) {
+  check_gated_arguments(op, x);
+  check_same_dtype(op, "grad", grad, "x", x);
+  check_same_device(op, "grad", grad, "x", x);
+  std::vector<c10::SymInt> expected = x.sym_sizes().vec();
+  expected.back() = expected.back() / 2;
+  TORCH_CHECK(grad.sym_sizes() == c10::SymIntArrayRef(expected), "fused::", op,
+              ": expected grad of shape ", c10::SymIntArrayRef(expected), ", but got ", grad.sym_sizes());
+}
+
 }  // namespace fused_ops

@@ -3,6 +3,8 @@
 // inputs with the same messages. Sizes are read as SymInts so the Meta kernel can use them.
 #include <ATen/ATen.h>
 
+#include "../ops/common/activations.h"
+
 namespace fused_ops {
 
 // Floating dtype the library has kernels for (float64, float32, float16, bfloat16).
@@ -17,7 +19,16 @@ void check_broadcasts_to(const char* op, const char* arg, const at::Tensor& tens
 void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
                       const char* reference_arg, const at::Tensor& reference);
 
+// 'none' or 'tanh', as torch.nn.functional.gelu takes it.
+GeluApproximation parse_gelu_approximation(const char* op, c10::string_view approximate);
+
 void check_relu_add_arguments(const at::Tensor& x, const at::Tensor& y);
 void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor& x);
+void check_bias_gelu_arguments(const char* op, const at::Tensor& x, const at::Tensor& bias);
+void check_bias_gelu_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias);
+// x [..., 2d] with an even last dim.
+void check_gated_arguments(const char* op, const at::Tensor& x);
+// grad [..., d] for x [..., 2d].
+void check_gated_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x);
 
 }  // namespace fused_ops

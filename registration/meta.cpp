@@ -1,26 +1,49 @@
 // Shapes, dtypes and devices only, with SymInt sizes: FakeTensor, torch.compile with dynamic
-// shapes and torch.export work from these kernels alone.
+// shapes and torch.export work from these kernels alone. Arguments are checked by the same
+// entry points as the CPU and CUDA kernels.
 #include <torch/library.h>
 
-#include "checks.h"
+#include "entry_points.h"
 
 namespace fused_ops {
 namespace {
 
-at::Tensor relu_add(const at::Tensor& x, const at::Tensor& y, double /*bias*/) {
-  check_relu_add_arguments(x, y);
-  return at::empty_symint(x.sym_sizes(), x.options());
+at::Tensor like_contiguous(const at::Tensor& tensor) {
+  return at::empty_symint(tensor.sym_sizes(), tensor.options());
 }
 
-at::Tensor relu_add_backward(const at::Tensor& grad, const at::Tensor& x) {
-  check_relu_add_backward_arguments(grad, x);
-  return at::empty_symint(grad.sym_sizes(), grad.options());
+at::Tensor relu_add_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
+at::Tensor relu_add_backward_meta(const at::Tensor& grad, const at::Tensor&) { return like_contiguous(grad); }
+at::Tensor bias_gelu_meta(const at::Tensor& x, const at::Tensor&, GeluApproximation) {
+  return like_contiguous(x);
+}
+at::Tensor bias_gelu_backward_meta(const at::Tensor& grad, const at::Tensor&, const at::Tensor&,
+                                   GeluApproximation) {
+  return like_contiguous(grad);
+}
+at::Tensor gated_meta(const at::Tensor& x) {
+  std::vector<c10::SymInt> sizes = x.sym_sizes().vec();
+  sizes.back() = sizes.back() / 2;
+  return at::empty_symint(sizes, x.options());
+}
+at::Tensor gated_backward_meta(const at::Tensor&, const at::Tensor& x) { return like_contiguous(x); }
+at::Tensor gelu_mul_meta(const at::Tensor& x, GeluApproximation) { return gated_meta(x); }
+at::Tensor gelu_mul_backward_meta(const at::Tensor& grad, const at::Tensor& x, GeluApproximation) {
+  return like_contiguous(x);
 }
 
 }  // namespace
 }  // namespace fused_ops
 
+using namespace fused_ops;
+
 TORCH_LIBRARY_IMPL(fused, Meta, m) {
-  m.impl("relu_add", &fused_ops::relu_add);
-  m.impl("relu_add_backward", &fused_ops::relu_add_backward);
+  m.impl("relu_add", &relu_add_entry<relu_add_meta>);
+  m.impl("relu_add_backward", &relu_add_backward_entry<relu_add_backward_meta>);
+  m.impl("bias_gelu", &bias_gelu_entry<bias_gelu_meta>);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_entry<bias_gelu_backward_meta>);
+  m.impl("silu_mul", &silu_mul_entry<gated_meta>);
+  m.impl("silu_mul_backward", &silu_mul_backward_entry<gated_backward_meta>);
+  m.impl("gelu_mul", &gelu_mul_entry<gelu_mul_meta>);
+  m.impl("gelu_mul_backward", &gelu_mul_backward_entry<gelu_mul_backward_meta>);
 }

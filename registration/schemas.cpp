@@ -8,4 +8,16 @@ TORCH_LIBRARY(fused, m) {
   m.def("relu_add(Tensor x, Tensor y, float bias=0.0) -> Tensor", tags);
   // grad where relu passed x through, else 0 (the gradient of relu_add w.r.t. x).
   m.def("relu_add_backward(Tensor grad, Tensor x) -> Tensor", tags);
+  // gelu(x + bias, approximate); bias [H] broadcasts over x [..., H]; approximate 'none' or 'tanh'.
+  m.def("bias_gelu(Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
+  // grad * gelu'(x + bias): the gradient of x (and, summed over leading dims, of bias).
+  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
+  // silu(x[..., :d]) * x[..., d:] for x [..., 2d] (SwiGLU).
+  m.def("silu_mul(Tensor x) -> Tensor", tags);
+  // The gradient of silu_mul w.r.t. x, shaped like x.
+  m.def("silu_mul_backward(Tensor grad, Tensor x) -> Tensor", tags);
+  // gelu(x[..., :d], approximate) * x[..., d:] for x [..., 2d] (GeGLU).
+  m.def("gelu_mul(Tensor x, str approximate='none') -> Tensor", tags);
+  // The gradient of gelu_mul w.r.t. x, shaped like x.
+  m.def("gelu_mul_backward(Tensor grad, Tensor x, str approximate='none') -> Tensor", tags);
 }

@@ -1,0 +1,55 @@
+#pragma once
+// bias_gelu(x, bias, approximate) = gelu(x + bias), bias [H] broadcast over x [..., H].
+// Backward: grad_h = grad * gelu'(x + bias); grad_x = grad_h, grad_bias = grad_h summed over the
+// leading dims (an aten sum in registration/autograd.cpp, deterministic).
+#include <ATen/ATen.h>
+
+#include "../common/activations.h"
+#include "../common/rowwise.h"
+
+namespace fused_ops {
+
+template <typename opmath_t>
+struct BiasGeluForward {
+  GeluApproximation approximation;
+  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
+    out[0] = gelu(in[0] + in[1], approximation);
+  }
+};
+
+template <typename opmath_t>
+struct BiasGeluBackward {  // in: grad, x, bias
+  GeluApproximation approximation;
+  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[1]) const {
+    out[0] = in[0] * gelu_derivative(in[1] + in[2], approximation);
+  }
+};
+
+// Allocate the result and hand the [rows, H] problem to `run_rows` (the CPU or the CUDA loop).
+template <typename RunRows>
+at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, RunRows run_rows) {
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  run_rows(RowwiseProblem<2, 1>{{row_operand(x_rows), row_operand(bias)},
+                                {row_output(out.view(x_rows.sizes()))}, x_rows.size(0), x_rows.size(1)});
+  return out;
+}
+
+template <typename RunRows>
+at::Tensor bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
+                              RunRows run_rows) {
+  const at::Tensor x_rows = as_rows(x);
+  at::Tensor grad_h = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  run_rows(RowwiseProblem<3, 1>{{row_operand(as_rows(grad)), row_operand(x_rows), row_operand(bias)},
+                                {row_output(grad_h.view(x_rows.sizes()))}, x_rows.size(0), x_rows.size(1)});
+  return grad_h;
+}
+
+at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation);
+at::Tensor bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
+                                  GeluApproximation approximation);
+at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation);
+at::Tensor bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
+                                   GeluApproximation approximation);
+
+}  // namespace fused_ops

@@ -1,0 +1,20 @@
+#include "bias_gelu.h"
+
+#include "../common/cuda_rowwise.cuh"
+
+namespace fused_ops {
+
+at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation) {
+  return bias_gelu_forward(x, bias, [&](const auto& problem) {
+    cuda::rowwise_cuda<BiasGeluForward>(problem, x.scalar_type(), x.device(), approximation);
+  });
+}
+
+at::Tensor bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
+                                   GeluApproximation approximation) {
+  return bias_gelu_backward(grad, x, bias, [&](const auto& problem) {
+    cuda::rowwise_cuda<BiasGeluBackward>(problem, x.scalar_type(), x.device(), approximation);
+  });
+}
+
+}  // namespace fused_ops

@@ -1,0 +1,33 @@
+#pragma once
+// gelu_mul(x, approximate) = gelu(x[..., :d], approximate) * x[..., d:] for x [..., 2d] (GeGLU).
+// Backward: grad_gate = grad * up * gelu'(gate), grad_up = grad * gelu(gate).
+#include <ATen/ATen.h>
+
+#include "../common/activations.h"
+#include "../common/rowwise.h"
+
+namespace fused_ops {
+
+template <typename opmath_t>
+struct GeluMulForward {  // in: gate, up
+  GeluApproximation approximation;
+  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
+    out[0] = gelu(in[0], approximation) * in[1];
+  }
+};
+
+template <typename opmath_t>
+struct GeluMulBackward {  // in: grad, gate, up; out: grad_gate, grad_up
+  GeluApproximation approximation;
+  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[2]) const {
+    out[0] = in[0] * in[2] * gelu_derivative(in[1], approximation);
+    out[1] = in[0] * gelu(in[1], approximation);
+  }
+};
+
+at::Tensor gelu_mul_cpu(const at::Tensor& x, GeluApproximation approximation);
+at::Tensor gelu_mul_backward_cpu(const at::Tensor& grad, const at::Tensor& x, GeluApproximation approximation);
+at::Tensor gelu_mul_cuda(const at::Tensor& x, GeluApproximation approximation);
+at::Tensor gelu_mul_backward_cuda(const at::Tensor& grad, const at::Tensor& x, GeluApproximation approximation);
+
+}  // namespace fused_ops

@@ -1,0 +1,60 @@
+#pragma once
+// The dispatcher-facing signature of every op, shared by the CPU, CUDA and Meta registrations:
+// check the arguments (registration/checks.h), turn string options into enums, then call the
+// backend's kernel. Each dispatch key's file instantiates these with its kernels.
+#include <ATen/ATen.h>
+
+#include "checks.h"
+
+namespace fused_ops {
+
+template <auto kernel>
+at::Tensor relu_add_entry(const at::Tensor& x, const at::Tensor& y, double bias) {
+  check_relu_add_arguments(x, y);
+  return kernel(x, y, bias);
+}
+
+template <auto kernel>
+at::Tensor relu_add_backward_entry(const at::Tensor& grad, const at::Tensor& x) {
+  check_relu_add_backward_arguments(grad, x);
+  return kernel(grad, x);
+}
+
+template <auto kernel>
+at::Tensor bias_gelu_entry(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
+  check_bias_gelu_arguments("bias_gelu", x, bias);
+  return kernel(x, bias, parse_gelu_approximation("bias_gelu", approximate));
+}
+
+template <auto kernel>
+at::Tensor bias_gelu_backward_entry(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
+                                    c10::string_view approximate) {
+  check_bias_gelu_backward_arguments(grad, x, bias);
+  return kernel(grad, x, bias, parse_gelu_approximation("bias_gelu_backward", approximate));
+}
+
+template <auto kernel>
+at::Tensor silu_mul_entry(const at::Tensor& x) {
+  check_gated_arguments("silu_mul", x);
+  return kernel(x);
+}
+
+template <auto kernel>
+at::Tensor silu_mul_backward_entry(const at::Tensor& grad, const at::Tensor& x) {
+  check_gated_backward_arguments("silu_mul_backward", grad, x);
+  return kernel(grad, x);
+}
+
+template <auto kernel>
+at::Tensor gelu_mul_entry(const at::Tensor& x, c10::string_view approximate) {
+  check_gated_arguments("gelu_mul", x);
+  return kernel(x, parse_gelu_approximation("gelu_mul", approximate));
+}
+
+template <auto kernel>
+at::Tensor gelu_mul_backward_entry(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
+  check_gated_backward_arguments("gelu_mul_backward", grad, x);
+  return kernel(grad, x, parse_gelu_approximation("gelu_mul_backward", approximate));
+}
+
+}  // namespace fused_ops
