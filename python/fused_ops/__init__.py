@@ -35,7 +35,7 @@ def cuda_kernels_compiled() -> bool:
 
 torch.ops.load_library(library_path())
 
-from ._ops import relu_add  # noqa: E402
+from ._ops import bias_gelu, gelu_mul, relu_add, silu_mul  # noqa: E402
 from . import nn  # noqa: E402
 
 __all__ = [
@@ -45,5 +45,8 @@ __all__ = [
     "cmake_prefix_path",
     "cuda_kernels_compiled",
     "relu_add",
+    "bias_gelu",
+    "silu_mul",
+    "gelu_mul",
     "nn",
 ]

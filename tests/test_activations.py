@@ -1,0 +1,277 @@
+"""bias_gelu, silu_mul and gelu_mul on every dtype and device: values, layouts, gradients, modes, errors."""
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import fused_ops
+from conftest import assert_close_to_reference
+
+
+def random(shape, dtype, device):
+    return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
+
+
+def gated_reference(activation):
+    def reference(x):
+        gate, up = x.chunk(2, dim=-1)
+        return activation(gate) * up
+    return reference
+
+
+@dataclass
+class Spec:
+    fused: Callable
+    reference: Callable  # the eager composite the op replaces
+    gated: bool  # x is [..., 2d] (else x [..., H] with a bias [H])
+    op: object
+    extra: tuple = ()  # trailing non-tensor arguments of the op
+
+    def inputs(self, shape, dtype, device):
+        """Random inputs for an output of `shape`."""
+        if self.gated:
+            return (random(shape[:-1] + (2 * shape[-1],), dtype, device),)
+        return (random(shape, dtype, device), random(shape[-1:], dtype, device))
+
+
+SPECS = {
+    "bias_gelu_none": Spec(lambda x, b: fused_ops.bias_gelu(x, b), lambda x, b: F.gelu(x + b), False,
+                           torch.ops.fused.bias_gelu.default, ("none",)),
+    "bias_gelu_tanh": Spec(lambda x, b: fused_ops.bias_gelu(x, b, approximate="tanh"),
+                           lambda x, b: F.gelu(x + b, approximate="tanh"), False,
+                           torch.ops.fused.bias_gelu.default, ("tanh",)),
+    "silu_mul": Spec(fused_ops.silu_mul, gated_reference(F.silu), True, torch.ops.fused.silu_mul.default),
+    "gelu_mul_none": Spec(fused_ops.gelu_mul, gated_reference(F.gelu), True,
+                          torch.ops.fused.gelu_mul.default, ("none",)),
+    "gelu_mul_tanh": Spec(lambda x: fused_ops.gelu_mul(x, approximate="tanh"),
+                          gated_reference(lambda t: F.gelu(t, approximate="tanh")), True,
+                          torch.ops.fused.gelu_mul.default, ("tanh",)),
+}
+# Transcendental functions in float32 are within a few ulp, not correctly rounded.
+SCALE = 4.0
+
+
+@pytest.fixture(params=list(SPECS))
+def spec(request):
+    return SPECS[request.param]
+
+
+def reference64(spec, inputs):
+    return spec.reference(*[t.double() for t in inputs])
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (3, 5, 7), (64, 129), (16, 256)])
+def test_values(spec, device, dtype, shape):
+    inputs = spec.inputs(shape, dtype, device)
+    out = spec.fused(*inputs)
+    assert out.shape == shape and out.dtype == dtype and out.device == inputs[0].device
+    assert_close_to_reference(out, reference64(spec, inputs), dtype, SCALE)
+
+
+def test_empty_rows_and_columns(spec, device, dtype):
+    for shape in [(0, 8), (4, 0), (2, 0, 3)]:
+        inputs = spec.inputs(shape, dtype, device)
+        assert spec.fused(*inputs).shape == shape
+
+
+@pytest.mark.parametrize("layout", ["transposed", "row_stride", "unaligned", "leading_dims", "strided_bias"])
+def test_strided_inputs(spec, device, dtype, layout):
+    base = random((40, 96), dtype, device)
+    if layout == "transposed":
+        x = base.t()  # [96, 40]: column stride 40
+    elif layout == "row_stride":
+        x = base[:, :64]  # rows of 96 elements, 64 used
+    elif layout == "unaligned":
+        x = base.view(-1)[1:1 + 33 * 64].view(33, 64)
+    elif layout == "leading_dims":
+        x = base.view(8, 5, 96)[::2, :, 16:80]  # leading dims do not collapse
+    else:
+        x = base
+    if spec.gated:
+        inputs = (x,)
+    else:
+        bias = random((2 * x.shape[-1],), dtype, device)[::2] if layout == "strided_bias" \
+            else random(x.shape[-1:], dtype, device)
+        inputs = (x, bias)
+    out = spec.fused(*inputs)
+    assert out.is_contiguous()
+    assert_close_to_reference(out, reference64(spec, inputs), dtype, SCALE)
+
+
+def test_nan_and_inf_follow_eager(spec, device):
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.0, -1.0, 30.0, -30.0])
+    grid = torch.stack([specials.repeat_interleave(9), specials.repeat(9)], dim=-1).to(device)  # [81, 2]
+    inputs = (grid.reshape(-1, 2),) if spec.gated else (grid[:, 0:1].contiguous(), grid[:1, 1].contiguous())
+    out = spec.fused(*inputs)
+    eager = spec.reference(*inputs)
+    torch.testing.assert_close(out, eager, equal_nan=True, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(33, 17), (2, 3, 64), (129,)])
+def test_gradients(spec, device, dtype, shape):
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+    grad_out = random(shape, dtype, device)
+    grads = torch.autograd.grad(spec.fused(*inputs), inputs, grad_out)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    expected = torch.autograd.grad(spec.reference(*inputs64), inputs64, grad_out.double())
+    for grad, want, tensor in zip(grads, expected, inputs):
+        assert grad.shape == tensor.shape and grad.dtype == dtype
+        # the bias gradient sums grad_h over rows in the input dtype, as eager does
+        assert_close_to_reference(grad, want, dtype, SCALE * (4 if grad.dim() == 1 and not spec.gated else 1))
+
+
+def test_gradcheck_and_gradgradcheck(spec, device):
+    inputs = [t.requires_grad_(True) for t in spec.inputs((3, 6), torch.float64, device)]
+    assert torch.autograd.gradcheck(spec.fused, inputs)
+    assert torch.autograd.gradgradcheck(spec.fused, inputs)
+
+
+def test_backward_op_gradcheck(device):
+    x = torch.randn(4, 10, dtype=torch.float64, device=device, requires_grad=True)
+    bias = torch.randn(10, dtype=torch.float64, device=device, requires_grad=True)
+    grad = torch.randn(4, 10, dtype=torch.float64, device=device, requires_grad=True)
+    half_grad = torch.randn(4, 5, dtype=torch.float64, device=device, requires_grad=True)
+    for approximate in ("none", "tanh"):
+        assert torch.autograd.gradcheck(
+            lambda g, a, b: torch.ops.fused.bias_gelu_backward(g, a, b, approximate), (grad, x, bias))
+        assert torch.autograd.gradcheck(
+            lambda g, a: torch.ops.fused.gelu_mul_backward(g, a, approximate), (half_grad, x))
+    assert torch.autograd.gradcheck(torch.ops.fused.silu_mul_backward, (half_grad, x))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(spec, device, dtype, requires_grad):
+    inputs = [t.requires_grad_(requires_grad) for t in spec.inputs((5, 24), dtype, device)]
+    opcheck(spec.op, (*inputs, *spec.extra))
+    grad = random((5, 24), dtype, device).requires_grad_(requires_grad)
+    if spec.gated:
+        backward = torch.ops.fused.silu_mul_backward.default if not spec.extra else torch.ops.fused.gelu_mul_backward.default
+    else:
+        backward = torch.ops.fused.bias_gelu_backward.default
+    opcheck(backward, (grad, *[t.detach().requires_grad_(requires_grad) for t in inputs], *spec.extra))
+
+
+def test_bias_gradient_is_deterministic(device):
+    x = torch.randn(512, 96, device=device, dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(96, device=device, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(512, 96, device=device, dtype=torch.bfloat16)
+    first = torch.autograd.grad(fused_ops.bias_gelu(x, bias, "tanh"), bias, grad)[0]
+    for _ in range(3):
+        again = torch.autograd.grad(fused_ops.bias_gelu(x, bias, "tanh"), bias, grad)[0]
+        assert torch.equal(first, again)
+
+
+class MLPActivations(torch.nn.Module):
+    """Every activation module in one model, for the mode tests."""
+
+    def __init__(self, features=32):
+        super().__init__()
+        self.bias_gelu = fused_ops.nn.BiasGELU(features, approximate="tanh")
+        torch.nn.init.normal_(self.bias_gelu.bias)
+        self.silu_mul = fused_ops.nn.SiLUMul()
+        self.gelu_mul = fused_ops.nn.GELUMul()
+
+    def forward(self, x):
+        h = self.bias_gelu(x)
+        return self.silu_mul(h) + self.gelu_mul(h)
+
+
+def mlp_composite(model, x):
+    h = F.gelu(x + model.bias_gelu.bias, approximate="tanh")
+    gate, up = h.chunk(2, dim=-1)
+    return F.silu(gate) * up + F.gelu(gate) * up
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+def test_torchscript_save_load(device, kind, tmp_path):
+    model = MLPActivations().to(device)
+    x = torch.randn(6, 32, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, (x,))
+        scripted.save(str(tmp_path / "model.pt"))
+        loaded = torch.jit.load(str(tmp_path / "model.pt"), map_location=device)
+    x.requires_grad_(True)
+    out = loaded(x)
+    torch.testing.assert_close(out, mlp_composite(model, x), rtol=1e-5, atol=1e-5)
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    (want,) = torch.autograd.grad(mlp_composite(model, x).sum(), x)
+    torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compile_fullgraph_dynamic_forward_and_backward(device):
+    torch._dynamo.reset()
+    model = MLPActivations().to(device)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        x = torch.randn(rows, 32, device=device, requires_grad=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, mlp_composite(model, x), rtol=1e-5, atol=1e-5)
+        grads = torch.autograd.grad(out.sum(), [x, model.bias_gelu.bias])
+        wants = torch.autograd.grad(mlp_composite(model, x).sum(), [x, model.bias_gelu.bias])
+        for grad, want in zip(grads, wants):
+            torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)
+
+
+def test_export_keeps_one_node_each(device):
+    model = MLPActivations().to(device)
+    x = torch.randn(6, 32, device=device)
+    exported = torch.export.export(model, (x,), dynamic_shapes=({0: torch.export.Dim("rows")},))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    for op in (torch.ops.fused.bias_gelu.default, torch.ops.fused.silu_mul.default, torch.ops.fused.gelu_mul.default):
+        assert targets.count(op) == 1
+    x2 = torch.randn(9, 32, device=device)
+    torch.testing.assert_close(exported.module()(x2), mlp_composite(model, x2), rtol=1e-5, atol=1e-5)
+
+
+def bad_activation_inputs(device):
+    """(call, message fragment) for each bad input the activation ops reject."""
+    f32 = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+    cases = [
+        (lambda: torch.ops.fused.bias_gelu(f32(4, 8), f32(7)),
+         "fused::bias_gelu: expected bias to be 1-D of size x.size(-1) = 8, but got shape [7]"),
+        (lambda: torch.ops.fused.bias_gelu(f32(4, 8), f32(1, 8)), "expected bias to be 1-D of size x.size(-1) = 8"),
+        (lambda: torch.ops.fused.bias_gelu(f32(4, 8), f32(8).double()),
+         "fused::bias_gelu: expected bias to have the same dtype as x (Float), but got Double"),
+        (lambda: torch.ops.fused.bias_gelu(f32(4, 8), f32(8), "fast"),
+         "fused::bias_gelu: expected approximate to be 'none' or 'tanh', but got 'fast'"),
+        (lambda: torch.ops.fused.bias_gelu(torch.tensor(1.0, device=device), f32(1)),
+         "fused::bias_gelu: expected x to have at least one dim"),
+        (lambda: torch.ops.fused.silu_mul(f32(4, 7)),
+         "fused::silu_mul: expected the last dim of x to be even (x is [..., 2d]: gate, then up), but got shape [4, 7]"),
+        (lambda: torch.ops.fused.silu_mul(torch.ones(4, 8, dtype=torch.int64, device=device)),
+         "fused::silu_mul: expected x to be float64, float32, float16 or bfloat16, but got Long"),
+        (lambda: torch.ops.fused.gelu_mul(f32(3, 5)), "fused::gelu_mul: expected the last dim of x to be even"),
+        (lambda: torch.ops.fused.gelu_mul(f32(3, 4), "exact"),
+         "fused::gelu_mul: expected approximate to be 'none' or 'tanh', but got 'exact'"),
+        (lambda: torch.ops.fused.silu_mul_backward(f32(3, 4), f32(3, 4)),
+         "fused::silu_mul_backward: expected grad of shape [3, 2], but got [3, 4]"),
+        (lambda: torch.ops.fused.bias_gelu_backward(f32(3, 5), f32(3, 4), f32(4)),
+         "fused::bias_gelu_backward: expected grad to have the shape of x [3, 4], but got [3, 5]"),
+    ]
+    if device == "cuda":
+        cases.append((lambda: torch.ops.fused.bias_gelu(f32(4, 8), torch.randn(8)),
+                      "fused::bias_gelu: expected bias to be on the same device as x (cuda:0), but got cpu"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_bad_inputs(device, case):
+    cases = bad_activation_inputs(device)
+    if case >= len(cases):
+        pytest.skip("case exists on cuda only")
+    call, message = cases[case]
+    with pytest.raises(RuntimeError) as error:
+        call()
+    assert message in str(error.value)
+
+
+def test_modules_reject_bad_approximate():
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        fused_ops.nn.BiasGELU(8, approximate="fast")
+    with pytest.raises(ValueError, match="approximate must be 'none' or 'tanh'"):
+        fused_ops.nn.GELUMul(approximate="exact")
