@@ -16,6 +16,7 @@ import time
 from datetime import date
 
 import torch
+import torch.nn.functional as F
 
 import fused_ops
 
@@ -28,7 +29,8 @@ def shape_for(numel):
     return (numel // ROW, ROW) if numel >= ROW else (numel,)
 
 
-# ---- benchmarked cases: each op has its fused call, eager composite and minimal element traffic
+# ---- benchmarked cases. A workload: op label, dtype, shape, inputs, the fused call, the eager
+# composite it replaces, and the minimal elements moved forward and forward+backward.
 def relu_add_composite(x, y):
     return torch.relu(x) + y + 0.5
 
@@ -37,10 +39,50 @@ def relu_add_fused(x, y):
     return torch.ops.fused.relu_add(x, y, 0.5)
 
 
-CASES = {
-    # name: (fused, composite, make inputs, elements moved forward, forward+backward)
-    "relu_add": (relu_add_fused, relu_add_composite, 2, 3, 6),
+def gated_composite(activation):
+    def composite(x):
+        gate, up = x.chunk(2, dim=-1)
+        return activation(gate) * up
+    return composite
+
+
+ACTIVATIONS = {
+    # op label: (fused, composite, gated)
+    "bias_gelu_tanh": (lambda x, b: torch.ops.fused.bias_gelu(x, b, "tanh"),
+                       lambda x, b: F.gelu(x + b, approximate="tanh"), False),
+    "bias_gelu_none": (lambda x, b: torch.ops.fused.bias_gelu(x, b, "none"), lambda x, b: F.gelu(x + b), False),
+    "silu_mul": (torch.ops.fused.silu_mul, gated_composite(F.silu), True),
+    "gelu_mul_tanh": (lambda x: torch.ops.fused.gelu_mul(x, "tanh"),
+                      gated_composite(lambda t: F.gelu(t, approximate="tanh")), True),
 }
+
+
+def workloads(device, dtypes, sizes, ops):
+    if "relu_add" in ops:
+        for dtype in dtypes:
+            for numel in sizes:
+                shape = shape_for(numel)
+                yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
+                    torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
+                    relu_add_fused, relu_add_composite, 3 * numel, 6 * numel)
+    hidden = 8192 if device == "cuda" else 1024
+    row_counts = (1, 16, 16384) if device == "cuda" else (1, 16, 256)
+    for op, (fused, composite, gated) in ACTIVATIONS.items():
+        if op not in ops and op.rsplit("_", 1)[0] not in ops:
+            continue
+        # float16 always joins on CUDA: its bandwidth is compared with bfloat16's (issue 4).
+        activation_dtypes = dtypes + ([torch.float16] if device == "cuda" and torch.float16 not in dtypes else [])
+        for dtype in activation_dtypes:
+            for rows in row_counts if dtype == torch.bfloat16 else row_counts[-1:]:
+                numel = rows * hidden
+                if gated:  # x [rows, 2 * hidden] -> [rows, hidden]
+                    make = lambda rows=rows, dtype=dtype: [torch.randn(rows, 2 * hidden, device=device, dtype=dtype)]
+                    elements = (3 * numel, 8 * numel)
+                else:  # x [rows, hidden], bias [hidden]
+                    make = lambda rows=rows, dtype=dtype: [torch.randn(rows, hidden, device=device, dtype=dtype),
+                                                           torch.randn(hidden, device=device, dtype=dtype)]
+                    elements = (2 * numel + hidden, 5 * numel + 4 * hidden)
+                yield (op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
 
 
 class Progress:
@@ -152,33 +194,30 @@ def run(args):
     copy_gbs = copy_bandwidth_gbs(device)
     rows = []
     variants = ["fused", "eager", "compile"]
-    progress = Progress(len(CASES) * len(dtypes) * len(sizes) * 2 * len(variants))
-    for op, (fused, composite, input_count, forward_elements, training_elements) in CASES.items():
-        for dtype in dtypes:
-            for numel in sizes:
-                shape = shape_for(numel)
-                inputs = [torch.randn(shape, device=device, dtype=dtype) for _ in range(input_count)]
-                grad = torch.randn(shape, device=device, dtype=dtype)
-                torch._dynamo.reset()
-                compiled = torch.compile(composite)
-                functions = {"fused": fused, "eager": composite, "compile": compiled}
-                for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
-                    row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
-                           "shape": list(shape), "mode": mode,
-                           "bytes": elements * numel * inputs[0].element_size()}
-                    for variant in variants:
-                        function = functions[variant]
-                        if mode == "forward":
-                            step = lambda f=function: f(*inputs)  # noqa: E731
-                        else:
-                            leaves = [t.detach().requires_grad_(True) for t in inputs]
-                            step = lambda f=function, leaves=leaves: torch.autograd.grad(f(*leaves), leaves, grad)  # noqa: E731
-                        us = median_time_us(step, device, numel, repeats)
-                        row[f"{variant}_us"] = us
-                        row[f"{variant}_gbs"] = row["bytes"] / us / 1e3
-                        progress.step(f"{op} {row['dtype']} 2^{numel.bit_length() - 1} {mode} {variant}")
-                    rows.append(row)
-                del inputs, grad
+    planned = list(workloads(device, dtypes, sizes, args.ops))
+    progress = Progress(len(planned) * 2 * len(variants))
+    for op, dtype, shape, numel, make_inputs, fused, composite, forward_elements, training_elements in planned:
+        inputs = make_inputs()
+        grad = torch.randn(fused(*inputs).shape, device=device, dtype=dtype)
+        torch._dynamo.reset()
+        compiled = torch.compile(composite)
+        functions = {"fused": fused, "eager": composite, "compile": compiled}
+        for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
+            row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
+                   "shape": list(shape), "mode": mode, "bytes": elements * inputs[0].element_size()}
+            for variant in variants:
+                function = functions[variant]
+                if mode == "forward":
+                    step = lambda f=function: f(*inputs)  # noqa: E731
+                else:
+                    leaves = [t.detach().requires_grad_(True) for t in inputs]
+                    step = lambda f=function, leaves=leaves: torch.autograd.grad(f(*leaves), leaves, grad)  # noqa: E731
+                us = median_time_us(step, device, numel, repeats)
+                row[f"{variant}_us"] = us
+                row[f"{variant}_gbs"] = row["bytes"] / us / 1e3
+                progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
+            rows.append(row)
+        del inputs, grad
     overhead = python_call_overhead_us(device)
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
@@ -189,11 +228,12 @@ def run(args):
 def print_table(result):
     print(f"\n{result['device']}, torch {result['torch']}, {result['date']}; "
           f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)")
-    header = f"{'op':<9} {'dtype':<8} {'elements':>9} {'mode':<16} {'fused us':>9} {'eager us':>9} {'compile us':>10} {'fused GB/s':>10} {'% copy':>6}"
+    header = f"{'op':<15} {'dtype':<8} {'shape':>11} {'mode':<16} {'fused us':>9} {'eager us':>9} {'compile us':>10} {'fused GB/s':>10} {'% copy':>6}"
     print(header)
     print("-" * len(header))
     for row in result["rows"]:
-        print(f"{row['op']:<9} {row['dtype']:<8} {'2^' + str(row['numel'].bit_length() - 1):>9} {row['mode']:<16} "
+        shape = "x".join(map(str, row["shape"])) if row["op"] != "relu_add" else "2^" + str(row["numel"].bit_length() - 1)
+        print(f"{row['op']:<15} {row['dtype']:<8} {shape:>11} {row['mode']:<16} "
               f"{row['fused_us']:9.1f} {row['eager_us']:9.1f} {row['compile_us']:10.1f} "
               f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}")
     calls = result["python_call_us"]
@@ -206,9 +246,17 @@ def plot(result, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = sorted({(r["op"], r["dtype"], r["mode"]) for r in result["rows"]})
-    figure, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
-    for axis, (op, dtype, mode) in zip(axes[0], groups):
+    counts = {}
+    for r in result["rows"]:
+        key = (r["op"], r["dtype"], r["mode"])
+        counts[key] = counts.get(key, 0) + 1
+    groups = sorted(key for key, count in counts.items() if count >= 3)  # size sweeps only
+    columns = 4
+    lines = (len(groups) + columns - 1) // columns
+    figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 4 * lines), squeeze=False)
+    for axis in axes.flat[len(groups):]:
+        axis.set_visible(False)
+    for axis, (op, dtype, mode) in zip(axes.flat, groups):
         rows = [r for r in result["rows"] if (r["op"], r["dtype"], r["mode"]) == (op, dtype, mode)]
         for variant in ("fused", "eager", "compile"):
             axis.plot([r["numel"] for r in rows], [r[f"{variant}_gbs"] for r in rows], marker="o", label=variant)
@@ -225,6 +273,8 @@ def plot(result, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS],
+                        help="relu_add and/or activation labels (bias_gelu_tanh, silu_mul, ...)")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--min-log2", type=int, default=12)
     parser.add_argument("--max-log2", type=int, default=None, help="default 28 on CUDA, 22 on CPU")

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# GPU check: build against the installed torch, run the whole test suite on CUDA, run
-# compute-sanitizer over the CUDA tests, run the benchmark; logs, JSON and plot go to OUTDIR.
+# GPU check: build against the installed torch, benchmark, run the whole test suite on CUDA, and
+# run compute-sanitizer (memcheck, racecheck, initcheck, synccheck) over the CUDA tests; logs,
+# JSON and plot go to OUTDIR.
 #   PYTHON=python3 scripts/gpu_check.sh OUTDIR
-#   GPU_CHECK_STEPS="tests sanitizer bench" selects steps; BENCH_ARGS is passed to bench.py.
+#   GPU_CHECK_STEPS="bench tests sanitizer" selects steps; BENCH_ARGS is passed to bench.py.
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 mkdir -p "$OUTDIR"
 OUTDIR="$(cd "$OUTDIR" && pwd)"
-STEPS="${GPU_CHECK_STEPS:-tests sanitizer bench}"
+STEPS="${GPU_CHECK_STEPS:-bench tests sanitizer}"
 export PYTHONUNBUFFERED=1
 status=0
 
@@ -24,27 +25,37 @@ cat "$OUTDIR/info.txt"
 
 step() { case " $STEPS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
-if step tests; then
-  echo "[gpu_check] test suite"
-  "$PY" -m pytest tests -q -p no:cacheprovider -rs > "$OUTDIR/tests.log" 2>&1 || status=1
-  tail -n 5 "$OUTDIR/tests.log"
-fi
-
+# First, on an idle GPU.
 if step bench; then
   echo "[gpu_check] benchmark"
   "$PY" scripts/bench.py --out "$OUTDIR" ${BENCH_ARGS:-} > "$OUTDIR/bench.log" 2>&1 || status=1
-  grep -v "^\[" "$OUTDIR/bench.log" | tail -n 40
-fi
-if step sanitizer; then
-  # No caching allocator, so an out-of-bounds access is not hidden inside a pooled block.
-  for tool in memcheck racecheck initcheck synccheck; do
-    echo "[gpu_check] compute-sanitizer --tool $tool" | tee -a "$OUTDIR/sanitizer.log"
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$PY" -m pytest tests -q -p no:cacheprovider -x -k "cuda and not compile and not fresh_process and not crash and not export and not script and not trace and not opcheck" \
-      >> "$OUTDIR/sanitizer.log" 2>&1 || status=1
-    grep -E "ERROR SUMMARY|passed|failed" "$OUTDIR/sanitizer.log" | tail -n 2
-  done
+  grep -v "^\[" "$OUTDIR/bench.log" | tail -n 70
 fi
 
+if step tests; then
+  echo "[gpu_check] test suite"
+  parallel=()
+  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
+  "$PY" -m pytest tests -q -p no:cacheprovider -rs ${parallel[@]+"${parallel[@]}"} > "$OUTDIR/tests.log" 2>&1 || status=1
+  grep -E "passed|failed|SKIPPED|FAILED|Error" "$OUTDIR/tests.log" | tail -n 15
+fi
+
+if step sanitizer; then
+  # The CUDA tests that run kernels in this process (subprocess, compile and deploy tests are left
+  # out). No caching allocator, so an out-of-bounds access is not hidden inside a pooled block.
+  selection="cuda and not compile and not fresh_process and not crash and not export and not script"
+  selection="$selection and not trace and not opcheck and not fused_run and not cmake"
+  for tool in memcheck racecheck initcheck synccheck; do
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      "$PY" -m pytest tests -q -p no:cacheprovider -x -k "$selection" > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
+  done
+  for job in $(jobs -p); do wait "$job" || status=1; done
+  for tool in memcheck racecheck initcheck synccheck; do
+    echo "[gpu_check] compute-sanitizer --tool $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTDIR/sanitizer_$tool.log" | tail -n 1); $(grep -E "passed|failed" "$OUTDIR/sanitizer_$tool.log" | tail -n 1)" \
+      | tee -a "$OUTDIR/sanitizer.log"
+    cat "$OUTDIR/sanitizer_$tool.log" >> "$OUTDIR/sanitizer.log"
+    rm -f "$OUTDIR/sanitizer_$tool.log"
+  done
+fi
 echo "[gpu_check] done, status $status"
 exit $status

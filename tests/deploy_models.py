@@ -20,3 +20,24 @@ def example_inputs(device="cpu"):
     generator = torch.Generator().manual_seed(2)
     return [torch.randn(8, 16, generator=generator).to(device),
             torch.randn(16, generator=generator).to(device)]
+
+
+class MatmulActivations(torch.nn.Module):
+    """A gated MLP block: matmul, bias_gelu, then silu_mul and gelu_mul of the result."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(3)
+        self.weight = torch.nn.Parameter(torch.randn(16, 32, generator=generator) / 4)
+        self.bias_gelu = fused_ops.nn.BiasGELU(32, approximate="tanh")
+        with torch.no_grad():
+            self.bias_gelu.bias.copy_(torch.randn(32, generator=generator))
+        self.silu_mul = fused_ops.nn.SiLUMul()
+        self.gelu_mul = fused_ops.nn.GELUMul()
+
+    def forward(self, x, y):
+        h = self.bias_gelu(x @ self.weight)
+        return self.silu_mul(h) * y + self.gelu_mul(h)
+
+
+MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations}

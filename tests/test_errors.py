@@ -52,14 +52,17 @@ def test_relu_add_backward_bad_inputs(device):
 def test_bad_inputs_never_crash_the_process(device):
     script = textwrap.dedent(f"""
         import torch, fused_ops
-        import test_errors
+        import test_activations, test_errors
+        calls = [lambda args=args: torch.ops.fused.relu_add(*args)
+                 for _, args, _ in test_errors.bad_relu_add_inputs({device!r})]
+        calls += [call for call, _ in test_activations.bad_activation_inputs({device!r})]
         rejected = 0
-        for _, args, _ in test_errors.bad_relu_add_inputs({device!r}):
+        for call in calls:
             try:
-                torch.ops.fused.relu_add(*args)
+                call()
             except RuntimeError:
                 rejected += 1
-        print(rejected, len(test_errors.bad_relu_add_inputs({device!r})))
+        print(rejected, len(calls))
     """)
     import os
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
