@@ -28,4 +28,6 @@ mkdir -p "$SHIMS/triton"
 echo 'raise ImportError("triton is disabled in the sanitized test run")' > "$SHIMS/triton/__init__.py"
 export PYTHONPATH="$SITE:$SHIMS${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c "import fused_ops, sys; assert fused_ops.library_path().startswith('$SITE'), fused_ops.library_path(); print('[sanitize] using', fused_ops.library_path())"
-exec "$PY" -m pytest tests -q -p no:cacheprovider -k "cpu or not cuda" "$@"
+# Left out: building runtime/example, whose CMake configure runs nvcc's cicc, which crashes with
+# the ASan runtime preloaded into it.
+exec "$PY" -m pytest tests -q -p no:cacheprovider -k "(cpu or not cuda) and not cmake_example" "$@"
