@@ -164,8 +164,11 @@ def python_call_overhead_us(device, repeats=2000):
     torch._dynamo.reset()
     compiled = torch.compile(relu_add_composite)
     results = {}
+    aten_add = torch.ops.aten.add.Tensor
     for name, function in [("fused", relu_add_fused), ("fused_ops.relu_add", lambda a, b: fused_ops.relu_add(a, b, 0.5)),
-                           ("eager", relu_add_composite), ("compile", compiled)]:
+                           ("eager", relu_add_composite), ("compile", compiled),
+                           # the floor of any op called through torch.ops from Python:
+                           ("one aten op via torch.ops", lambda a, b: aten_add(a, b))]:
         for _ in range(50):
             function(x, y)
         samples = []
