@@ -63,6 +63,29 @@ def test_fused_run_torchscript(artifacts, device, grad, name):
         torch.testing.assert_close(g, w.cpu(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", list(MODELS))
+def test_fresh_process_with_only_load_library(artifacts, device, name, tmp_path):
+    """A saved TorchScript model runs in a Python process that never imports fused_ops."""
+    folder, _ = artifacts
+    model = MODELS[name]()
+    save_scripted(model, tmp_path / "model.pt")
+    script = textwrap.dedent(f"""
+        import sys, warnings, torch
+        warnings.simplefilter("ignore")
+        torch.ops.load_library({fused_ops.library_path()!r})
+        torch.ops.load_library({fused_ops.library_path()!r})  # loading twice is harmless
+        assert "fused_ops" not in sys.modules
+        model = torch.jit.load({str(tmp_path / 'model.pt')!r}, map_location={device!r})
+        inputs = [t.to({device!r}) for t in torch.load({str(folder / 'inputs.pt')!r})]
+        torch.save(model(*inputs), {str(tmp_path / 'out.pt')!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, timeout=300)
+    got = torch.load(tmp_path / "out.pt")
+    got = list(got) if isinstance(got, (tuple, list)) else [got]
+    for g, w in zip(got, expected_outputs(model, device, grad=False)):
+        torch.testing.assert_close(g.cpu(), w.cpu(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture(scope="session")
 def aoti_available(tmp_path_factory):
     """Some torch builds crash constructing any AOTIModelPackageLoader; probe in a subprocess."""

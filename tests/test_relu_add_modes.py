@@ -1,8 +1,4 @@
 """relu_add through TorchScript, torch.compile and torch.export."""
-import os
-import subprocess
-import sys
-import textwrap
 import warnings
 
 import pytest
@@ -64,26 +60,6 @@ def test_scripted_function():
     x, y = torch.randn(10), torch.randn(10)
     expected = torch.relu(x) + y + 1.0 + torch.relu(y) + x
     torch.testing.assert_close(scripted(x, y), expected)
-
-
-def test_fresh_process_with_only_load_library(device, tmp_path):
-    """A saved TorchScript model runs in a process that never imports fused_ops."""
-    x, y = inputs(device)
-    path = tmp_path / "model.pt"
-    jit("script", Model(), (x, y)).save(str(path))
-    torch.save([x.cpu(), y.cpu()], tmp_path / "inputs.pt")
-    script = textwrap.dedent(f"""
-        import sys, warnings, torch
-        warnings.simplefilter("ignore")
-        torch.ops.load_library({fused_ops.library_path()!r})
-        torch.ops.load_library({fused_ops.library_path()!r})  # loading twice is harmless
-        assert "fused_ops" not in sys.modules
-        model = torch.jit.load({str(path)!r}, map_location={device!r})
-        x, y = [t.to({device!r}) for t in torch.load({str(tmp_path / 'inputs.pt')!r})]
-        torch.save(model(x, y).cpu(), {str(tmp_path / 'out.pt')!r})
-    """)
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
-    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), composite(x, y).cpu())
 
 
 def test_compile_fullgraph_dynamic_forward_and_backward(device):
