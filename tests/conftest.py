@@ -41,3 +41,11 @@ def assert_close_to_reference(actual, reference, dtype, scale=1.0):
     tolerance = TOLERANCE[dtype] * scale
     torch.testing.assert_close(actual.double().cpu(), reference.double().cpu(),
                                rtol=tolerance, atol=tolerance, equal_nan=True)
+
+
+def assert_same_gradients(output, expected_output, inputs, **tolerances):
+    """The gradients of sum(output) and of sum(expected_output) w.r.t. `inputs` agree."""
+    grads = torch.autograd.grad(output.sum(), inputs)
+    expected = torch.autograd.grad(expected_output.sum(), inputs)
+    for grad, want in zip(grads, expected):
+        torch.testing.assert_close(grad, want, **tolerances)

@@ -9,18 +9,12 @@ import torch.nn.functional as F
 from torch.library import opcheck
 
 import fused_ops
-from conftest import assert_close_to_reference
+from conftest import assert_close_to_reference, assert_same_gradients
+from op_specs import gated
 
 
 def random(shape, dtype, device):
     return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
-
-
-def gated_reference(activation):
-    def reference(x):
-        gate, up = x.chunk(2, dim=-1)
-        return activation(gate) * up
-    return reference
 
 
 @dataclass
@@ -44,11 +38,11 @@ SPECS = {
     "bias_gelu_tanh": Spec(lambda x, b: fused_ops.bias_gelu(x, b, approximate="tanh"),
                            lambda x, b: F.gelu(x + b, approximate="tanh"), False,
                            torch.ops.fused.bias_gelu.default, ("tanh",)),
-    "silu_mul": Spec(fused_ops.silu_mul, gated_reference(F.silu), True, torch.ops.fused.silu_mul.default),
-    "gelu_mul_none": Spec(fused_ops.gelu_mul, gated_reference(F.gelu), True,
+    "silu_mul": Spec(fused_ops.silu_mul, gated(F.silu), True, torch.ops.fused.silu_mul.default),
+    "gelu_mul_none": Spec(fused_ops.gelu_mul, gated(F.gelu), True,
                           torch.ops.fused.gelu_mul.default, ("none",)),
     "gelu_mul_tanh": Spec(lambda x: fused_ops.gelu_mul(x, approximate="tanh"),
-                          gated_reference(lambda t: F.gelu(t, approximate="tanh")), True,
+                          gated(lambda t: F.gelu(t, approximate="tanh")), True,
                           torch.ops.fused.gelu_mul.default, ("tanh",)),
 }
 # Transcendental functions in float32 are within a few ulp, not correctly rounded.
@@ -198,9 +192,7 @@ def test_torchscript_save_load(device, kind, tmp_path):
     x.requires_grad_(True)
     out = loaded(x)
     torch.testing.assert_close(out, mlp_composite(model, x), rtol=1e-5, atol=1e-5)
-    (grad,) = torch.autograd.grad(out.sum(), x)
-    (want,) = torch.autograd.grad(mlp_composite(model, x).sum(), x)
-    torch.testing.assert_close(grad, want, rtol=1e-5, atol=1e-5)
+    assert_same_gradients(out, mlp_composite(model, x), (x,), rtol=1e-5, atol=1e-5)
 
 
 def test_compile_fullgraph_dynamic_forward_and_backward(device):
@@ -211,10 +203,7 @@ def test_compile_fullgraph_dynamic_forward_and_backward(device):
         x = torch.randn(rows, 32, device=device, requires_grad=True)
         out = compiled(x)
         torch.testing.assert_close(out, mlp_composite(model, x), rtol=1e-5, atol=1e-5)
-        grads = torch.autograd.grad(out.sum(), [x, model.bias_gelu.bias])
-        wants = torch.autograd.grad(mlp_composite(model, x).sum(), [x, model.bias_gelu.bias])
-        for grad, want in zip(grads, wants):
-            torch.testing.assert_close(grad, want, rtol=1e-4, atol=1e-4)
+        assert_same_gradients(out, mlp_composite(model, x), (x, model.bias_gelu.bias), rtol=1e-4, atol=1e-4)
 
 
 def test_export_keeps_one_node_each(device):
