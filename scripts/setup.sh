@@ -39,7 +39,7 @@ if [ -n "${missing// /}" ]; then
 fi
 
 # Rebuild only when the sources, the interpreter, torch or the build options changed.
-source_hash=$(cd "$ROOT" && { find CMakeLists.txt pyproject.toml ops registration python $(ls -d runtime 2>/dev/null) \
+source_hash=$(cd "$ROOT" && { find CMakeLists.txt pyproject.toml ops registration python runtime \
     -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum;
   "$PY" -c "import sys, torch; print(sys.executable, torch.__version__)";
   echo "${TORCH_CUDA_ARCH_LIST:-} ${FUSED_OPS_CUDA:-} ${FUSED_OPS_SANITIZE:-}"; } | sha256sum | cut -c1-16)

@@ -1,6 +1,6 @@
 #pragma once
-// Rowwise elementwise ops over a [rows, columns] grid: each operand is addressed by
-// (row stride, column stride, column offset) in elements, so one loop serves a bias broadcast
+// Rowwise elementwise ops over a [rows, columns] grid: each operand is addressed by a start
+// pointer and (row stride, column stride) in elements, so one loop serves a bias broadcast
 // over rows (row stride 0), the two halves of a gated input ([..., :d] and [..., d:]) and
 // strided views. Outputs are contiguous rows. Functors take opmath values:
 //   void operator()(const opmath_t (&in)[kInputs], opmath_t (&out)[kOutputs]) const
@@ -41,10 +41,6 @@ inline RowOperand row_operand(const at::Tensor& matrix, int64_t column_offset = 
           row_stride, column_stride};
 }
 
-}  // namespace fused_ops
-
-namespace fused_ops {
-
 // `tensor` viewed as [rows, last dim] (a view when the leading dims collapse, else a copy).
 inline at::Tensor as_rows(const at::Tensor& tensor) {
   const int64_t columns = tensor.size(-1);
@@ -55,7 +51,7 @@ inline at::Tensor as_rows(const at::Tensor& tensor) {
 inline RowOutput row_output(const at::Tensor& contiguous_matrix, int64_t column_offset = 0) {
   return {static_cast<char*>(contiguous_matrix.mutable_data_ptr()) +
               column_offset * contiguous_matrix.element_size(),
-          contiguous_matrix.size(1) == 0 ? 0 : contiguous_matrix.stride(0)};
+          contiguous_matrix.stride(0)};
 }
 
 // Gated layout of SwiGLU/GeGLU MLPs: x = [..., 2d] holds the gate x[..., :d] and the up
