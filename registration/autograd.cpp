@@ -6,6 +6,10 @@
 #include <torch/library.h>
 
 #include <numeric>
+#include <optional>
+#include <tuple>
+
+#include "../ops/common/norm.h"
 
 namespace fused_ops {
 namespace {
@@ -164,9 +168,14 @@ class GeluMulFunction : public GatedFunction<GeluMulFunction> {
 
 // Whether a call must record a graph node; otherwise the forward runs without one (the eager
 // inference path stays as short as the op itself).
+inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() && tensor->requires_grad();
+}
+
 template <typename... Tensors>
 bool records_gradient(const Tensors&... tensors) {
-  return at::GradMode::is_enabled() && (tensors.requires_grad() || ...);
+  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
 }
 
 at::Tensor relu_add_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
@@ -241,6 +250,230 @@ at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
   return call_gelu_mul_backward(grad, x, approximate);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Norms. Forwards save h (x, or residual_out of the add variants) and weight; the backward ops
+// recompute the statistics from h.
+
+using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
+using ThreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using OptionalTensor = std::optional<at::Tensor>;
+
+at::Tensor call_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fused::rms_norm");
+  return op.call(x, weight, eps);
+}
+
+TwoTensors call_add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
+  static const auto op =
+      find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("fused::add_rms_norm");
+  return op.call(x, residual, weight, eps);
+}
+
+TwoTensors call_rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, double eps,
+                                  const OptionalTensor& grad_residual) {
+  static const auto op = find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                            const OptionalTensor&)>("fused::rms_norm_backward");
+  return op.call(grad, x, weight, eps, grad_residual);
+}
+
+at::Tensor call_layer_norm(const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias, double eps) {
+  static const auto op =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, double)>("fused::layer_norm");
+  return op.call(x, weight, bias, eps);
+}
+
+TwoTensors call_add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                               const OptionalTensor& bias, double eps) {
+  static const auto op = find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                            const OptionalTensor&, double)>("fused::add_layer_norm");
+  return op.call(x, residual, weight, bias, eps);
+}
+
+ThreeTensors call_layer_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                      double eps, const OptionalTensor& grad_residual) {
+  static const auto op = find_op<ThreeTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                              const OptionalTensor&)>("fused::layer_norm_backward");
+  return op.call(grad, x, weight, eps, grad_residual);
+}
+
+OptionalTensor defined_or_none(const at::Tensor& tensor) {
+  return tensor.defined() ? OptionalTensor(tensor) : std::nullopt;
+}
+
+// Gradients of h (= x) and weight (and bias) given the gradients of out and of h itself (the
+// residual_out of the add variants; undefined when unused). Returns {grad_h, grad_weight, grad_bias}.
+template <NormKind kKind>
+variable_list norm_gradients(const at::Tensor& grad_out, const at::Tensor& grad_h_output, const at::Tensor& h,
+                             const at::Tensor& weight, double eps) {
+  if (!grad_out.defined()) return {grad_h_output, at::Tensor(), at::Tensor()};
+  if constexpr (kKind == NormKind::RMS) {
+    auto [grad_h, grad_weight] = call_rms_norm_backward(grad_out, h, weight, eps, defined_or_none(grad_h_output));
+    return {grad_h, grad_weight, at::Tensor()};
+  } else {
+    auto [grad_h, grad_weight, grad_bias] =
+        call_layer_norm_backward(grad_out, h, weight, eps, defined_or_none(grad_h_output));
+    return {grad_h, grad_weight, grad_bias};
+  }
+}
+
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["eps"] = eps;
+    return call_rms_norm(x, weight, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto grads = norm_gradients<NormKind::RMS>(grad_outputs[0], at::Tensor(), saved[0], saved[1],
+                                               ctx->saved_data["eps"].toDouble());
+    return {grads[0], grads[1], at::Tensor()};
+  }
+};
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const OptionalTensor& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    return call_layer_norm(x, weight, bias, eps);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto grads = norm_gradients<NormKind::Layer>(grad_outputs[0], at::Tensor(), saved[0], saved[1],
+                                                 ctx->saved_data["eps"].toDouble());
+    return {grads[0], grads[1], ctx->saved_data["has_bias"].toBool() ? grads[2] : at::Tensor(), at::Tensor()};
+  }
+};
+
+// add_rms_norm and add_layer_norm: out and residual_out = h; the gradient of h (from out, plus
+// whatever reached residual_out) is the gradient of both x and residual.
+class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
+                               const at::Tensor& weight, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, h] = call_add_rms_norm(x, residual, weight, eps);
+    ctx->save_for_backward({h, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined, not zeros
+    return {out, h};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto grads = norm_gradients<NormKind::RMS>(grad_outputs[0], grad_outputs[1], saved[0], saved[1],
+                                               ctx->saved_data["eps"].toDouble());
+    return {grads[0], grads[0], grads[1], at::Tensor()};
+  }
+};
+
+class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
+                               const at::Tensor& weight, const OptionalTensor& bias, double eps) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    auto [out, h] = call_add_layer_norm(x, residual, weight, bias, eps);
+    ctx->save_for_backward({h, weight});
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    ctx->set_materialize_grads(false);
+    return {out, h};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto grads = norm_gradients<NormKind::Layer>(grad_outputs[0], grad_outputs[1], saved[0], saved[1],
+                                                 ctx->saved_data["eps"].toDouble());
+    return {grads[0], grads[0], grads[1], ctx->saved_data["has_bias"].toBool() ? grads[2] : at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  if (!records_gradient(x, weight)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_rms_norm(x, weight, eps);
+  }
+  return RmsNormFunction::apply(x, weight, eps);
+}
+
+TwoTensors add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                 double eps) {
+  if (!records_gradient(x, residual, weight)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_add_rms_norm(x, residual, weight, eps);
+  }
+  auto outputs = AddRmsNormFunction::apply(x, residual, weight, eps);
+  return {outputs[0], outputs[1]};
+}
+
+at::Tensor layer_norm_autograd(const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias,
+                               double eps) {
+  if (!records_gradient(x, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_layer_norm(x, weight, bias, eps);
+  }
+  return LayerNormFunction::apply(x, weight, bias, eps);
+}
+
+TwoTensors add_layer_norm_autograd(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
+                                   const OptionalTensor& bias, double eps) {
+  if (!records_gradient(x, residual, weight, bias)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_add_layer_norm(x, residual, weight, bias, eps);
+  }
+  auto outputs = AddLayerNormFunction::apply(x, residual, weight, bias, eps);
+  return {outputs[0], outputs[1]};
+}
+
+// The norm backward ops through differentiable aten math (double backward), statistics in
+// float32 (float64 for float64) like the kernels. Returns {grad_x, grad_weight, grad_bias}.
+ThreeTensors norm_backward_composite(NormKind kind, const at::Tensor& grad, const at::Tensor& x,
+                                     const at::Tensor& weight, double eps, const OptionalTensor& grad_residual) {
+  const auto compute_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor h = x.to(compute_type);
+  const at::Tensor g = grad.to(compute_type);
+  const at::Tensor centered = kind == NormKind::Layer ? h - h.mean(-1, true) : h;
+  const at::Tensor rstd = at::rsqrt(centered.pow(2).mean(-1, true) + eps);
+  const at::Tensor n = centered * rstd;
+  const at::Tensor gw = g * weight.to(compute_type);
+  at::Tensor grad_x = gw - n * (gw * n).mean(-1, true);
+  if (kind == NormKind::Layer) grad_x = grad_x - gw.mean(-1, true);
+  grad_x = rstd * grad_x;
+  if (grad_residual.has_value() && grad_residual->defined()) grad_x = grad_x + grad_residual->to(compute_type);
+  std::vector<int64_t> leading(x.dim() - 1);
+  std::iota(leading.begin(), leading.end(), 0);
+  auto sum_rows = [&](const at::Tensor& t) { return (leading.empty() ? t : t.sum(leading)).to(weight.scalar_type()); };
+  return {grad_x.to(x.scalar_type()), sum_rows(g * n), sum_rows(g)};
+}
+
+TwoTensors rms_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                      double eps, const OptionalTensor& grad_residual) {
+  if (records_gradient(grad, x, weight, grad_residual)) {
+    auto [grad_x, grad_weight, grad_bias] = norm_backward_composite(NormKind::RMS, grad, x, weight, eps, grad_residual);
+    return {grad_x, grad_weight};
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return call_rms_norm_backward(grad, x, weight, eps, grad_residual);
+}
+
+ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                          double eps, const OptionalTensor& grad_residual) {
+  if (records_gradient(grad, x, weight, grad_residual)) {
+    return norm_backward_composite(NormKind::Layer, grad, x, weight, eps, grad_residual);
+  }
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return call_layer_norm_backward(grad, x, weight, eps, grad_residual);
+}
+
 }  // namespace
 }  // namespace fused_ops
 
@@ -253,4 +486,10 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("silu_mul_backward", &fused_ops::silu_mul_backward_autograd);
   m.impl("gelu_mul", &fused_ops::gelu_mul_autograd);
   m.impl("gelu_mul_backward", &fused_ops::gelu_mul_backward_autograd);
+  m.impl("rms_norm", &fused_ops::rms_norm_autograd);
+  m.impl("add_rms_norm", &fused_ops::add_rms_norm_autograd);
+  m.impl("rms_norm_backward", &fused_ops::rms_norm_backward_autograd);
+  m.impl("layer_norm", &fused_ops::layer_norm_autograd);
+  m.impl("add_layer_norm", &fused_ops::add_layer_norm_autograd);
+  m.impl("layer_norm_backward", &fused_ops::layer_norm_backward_autograd);
 }

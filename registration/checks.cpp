@@ -101,4 +101,51 @@ void check_gated_backward_arguments(const char* op, const at::Tensor& grad, cons
               ": expected grad of shape ", c10::SymIntArrayRef(expected), ", but got ", grad.sym_sizes());
 }
 
+namespace {
+
+void check_norm_parameter(const char* op, const char* arg, const at::Tensor& parameter, const at::Tensor& x) {
+  check_same_device(op, arg, parameter, "x", x);
+  const bool mixed = parameter.scalar_type() == at::kFloat &&
+                     (x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16);
+  TORCH_CHECK(parameter.scalar_type() == x.scalar_type() || mixed, "fused::", op, ": expected ", arg,
+              " to have x's dtype (", x.scalar_type(), ") or float32 for float16/bfloat16 x, but got ",
+              parameter.scalar_type());
+  TORCH_CHECK(parameter.dim() == 1 && parameter.sym_size(0) == x.sym_size(-1), "fused::", op, ": expected ", arg,
+              " to be 1-D of size x.size(-1) = ", x.sym_size(-1), ", but got shape ", parameter.sym_sizes());
+}
+
+}  // namespace
+
+void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, double eps) {
+  check_floating(op, "x", x);
+  TORCH_CHECK(x.dim() >= 1, "fused::", op, ": expected x to have at least one dim (normalised over the last), "
+              "but got a 0-d tensor");
+  if (residual) {
+    check_same_dtype(op, "residual", *residual, "x", x);
+    check_same_device(op, "residual", *residual, "x", x);
+    check_same_shape(op, "residual", *residual, "x", x);
+  }
+  check_norm_parameter(op, "weight", weight, x);
+  if (bias.has_value() && bias->defined()) {
+    check_norm_parameter(op, "bias", *bias, x);
+    check_same_dtype(op, "bias", *bias, "weight", weight);
+  }
+  TORCH_CHECK(eps >= 0, "fused::", op, ": expected eps >= 0, but got ", eps);
+}
+
+void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x,
+                                   const at::Tensor& weight, const std::optional<at::Tensor>& grad_residual,
+                                   double eps) {
+  check_norm_arguments(op, x, nullptr, weight, std::nullopt, eps);
+  check_same_dtype(op, "grad", grad, "x", x);
+  check_same_device(op, "grad", grad, "x", x);
+  check_same_shape(op, "grad", grad, "x", x);
+  if (grad_residual.has_value() && grad_residual->defined()) {
+    check_same_dtype(op, "grad_residual", *grad_residual, "x", x);
+    check_same_device(op, "grad_residual", *grad_residual, "x", x);
+    check_same_shape(op, "grad_residual", *grad_residual, "x", x);
+  }
+}
+
 }  // namespace fused_ops

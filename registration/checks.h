@@ -3,6 +3,8 @@
 // inputs with the same messages. Sizes are read as SymInts so the Meta kernel can use them.
 #include <ATen/ATen.h>
 
+#include <optional>
+
 #include "../ops/common/activations.h"
 
 namespace fused_ops {
@@ -30,5 +32,14 @@ void check_bias_gelu_backward_arguments(const at::Tensor& grad, const at::Tensor
 void check_gated_arguments(const char* op, const at::Tensor& x);
 // grad [..., d] for x [..., 2d].
 void check_gated_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x);
+
+// Norms: x [..., H] (at least 1-D); residual like x; weight and bias 1-D of size H with x's dtype,
+// or float32 for 16-bit x; eps >= 0.
+void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
+                          const std::optional<at::Tensor>& bias, double eps);
+// grad and grad_residual like x, then the forward's checks.
+void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x,
+                                   const at::Tensor& weight, const std::optional<at::Tensor>& grad_residual,
+                                   double eps);
 
 }  // namespace fused_ops

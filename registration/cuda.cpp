@@ -1,8 +1,12 @@
 #include <torch/library.h>
 
+#include "../ops/add_layer_norm/add_layer_norm.h"
+#include "../ops/add_rms_norm/add_rms_norm.h"
 #include "../ops/bias_gelu/bias_gelu.h"
 #include "../ops/gelu_mul/gelu_mul.h"
+#include "../ops/layer_norm/layer_norm.h"
 #include "../ops/relu_add/relu_add.h"
+#include "../ops/rms_norm/rms_norm.h"
 #include "../ops/silu_mul/silu_mul.h"
 #include "entry_points.h"
 
@@ -17,4 +21,10 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("silu_mul_backward", &silu_mul_backward_entry<silu_mul_backward_cuda>);
   m.impl("gelu_mul", &gelu_mul_entry<gelu_mul_cuda>);
   m.impl("gelu_mul_backward", &gelu_mul_backward_entry<gelu_mul_backward_cuda>);
+  m.impl("rms_norm", &rms_norm_entry<rms_norm_cuda>);
+  m.impl("add_rms_norm", &add_rms_norm_entry<add_rms_norm_cuda>);
+  m.impl("rms_norm_backward", &rms_norm_backward_entry<rms_norm_backward_cuda>);
+  m.impl("layer_norm", &layer_norm_entry<layer_norm_cuda>);
+  m.impl("add_layer_norm", &add_layer_norm_entry<add_layer_norm_cuda>);
+  m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_cuda>);
 }

@@ -57,4 +57,48 @@ at::Tensor gelu_mul_backward_entry(const at::Tensor& grad, const at::Tensor& x, 
   return kernel(grad, x, parse_gelu_approximation("gelu_mul_backward", approximate));
 }
 
+template <auto kernel>
+at::Tensor rms_norm_entry(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_norm_arguments("rms_norm", x, nullptr, weight, std::nullopt, eps);
+  return kernel(x, weight, eps);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_entry(const at::Tensor& x, const at::Tensor& residual,
+                                                      const at::Tensor& weight, double eps) {
+  check_norm_arguments("add_rms_norm", x, &residual, weight, std::nullopt, eps);
+  return kernel(x, residual, weight, eps);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_entry(const at::Tensor& grad, const at::Tensor& x,
+                                                           const at::Tensor& weight, double eps,
+                                                           const std::optional<at::Tensor>& grad_residual) {
+  check_norm_backward_arguments("rms_norm_backward", grad, x, weight, grad_residual, eps);
+  return kernel(grad, x, weight, eps, grad_residual);
+}
+
+template <auto kernel>
+at::Tensor layer_norm_entry(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                            double eps) {
+  check_norm_arguments("layer_norm", x, nullptr, weight, bias, eps);
+  return kernel(x, weight, bias, eps);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> add_layer_norm_entry(const at::Tensor& x, const at::Tensor& residual,
+                                                        const at::Tensor& weight,
+                                                        const std::optional<at::Tensor>& bias, double eps) {
+  check_norm_arguments("add_layer_norm", x, &residual, weight, bias, eps);
+  return kernel(x, residual, weight, bias, eps);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_entry(
+    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, double eps,
+    const std::optional<at::Tensor>& grad_residual) {
+  check_norm_backward_arguments("layer_norm_backward", grad, x, weight, grad_residual, eps);
+  return kernel(grad, x, weight, eps, grad_residual);
+}
+
 }  // namespace fused_ops

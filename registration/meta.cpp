@@ -32,6 +32,29 @@ at::Tensor gelu_mul_backward_meta(const at::Tensor& grad, const at::Tensor& x, G
   return like_contiguous(x);
 }
 
+at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                                                     double) {
+  return {like_contiguous(x), like_contiguous(x)};
+}
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_meta(const at::Tensor&, const at::Tensor& x,
+                                                          const at::Tensor& weight, double,
+                                                          const std::optional<at::Tensor>&) {
+  return {like_contiguous(x), like_contiguous(weight)};
+}
+at::Tensor layer_norm_meta(const at::Tensor& x, const at::Tensor&, const std::optional<at::Tensor>&, double) {
+  return like_contiguous(x);
+}
+std::tuple<at::Tensor, at::Tensor> add_layer_norm_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
+                                                       const std::optional<at::Tensor>&, double) {
+  return {like_contiguous(x), like_contiguous(x)};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(const at::Tensor&, const at::Tensor& x,
+                                                                        const at::Tensor& weight, double,
+                                                                        const std::optional<at::Tensor>&) {
+  return {like_contiguous(x), like_contiguous(weight), like_contiguous(weight)};
+}
+
 }  // namespace
 }  // namespace fused_ops
 
@@ -46,4 +69,10 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("silu_mul_backward", &silu_mul_backward_entry<gated_backward_meta>);
   m.impl("gelu_mul", &gelu_mul_entry<gelu_mul_meta>);
   m.impl("gelu_mul_backward", &gelu_mul_backward_entry<gelu_mul_backward_meta>);
+  m.impl("rms_norm", &rms_norm_entry<rms_norm_meta>);
+  m.impl("add_rms_norm", &add_rms_norm_entry<add_rms_norm_meta>);
+  m.impl("rms_norm_backward", &rms_norm_backward_entry<rms_norm_backward_meta>);
+  m.impl("layer_norm", &layer_norm_entry<layer_norm_meta>);
+  m.impl("add_layer_norm", &add_layer_norm_entry<add_layer_norm_meta>);
+  m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_meta>);
 }

@@ -20,4 +20,25 @@ TORCH_LIBRARY(fused, m) {
   m.def("gelu_mul(Tensor x, str approximate='none') -> Tensor", tags);
   // The gradient of gelu_mul w.r.t. x, shaped like x.
   m.def("gelu_mul_backward(Tensor grad, Tensor x, str approximate='none') -> Tensor", tags);
+  // Norms over the last dim, statistics in float32; weight (and bias) [H] may be float32 for 16-bit x.
+  // x · rsqrt(mean(x²) + eps) · weight.
+  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor", tags);
+  // h = x + residual (in x's dtype); (rms_norm(h, weight, eps), h).
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-6) -> (Tensor out, Tensor residual_out)",
+        tags);
+  // Gradients of rms_norm(x) given grad of its output, plus grad_residual (the gradient that reaches
+  // h through add_rms_norm's residual_out) added to grad_x.
+  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps, Tensor? grad_residual=None) -> "
+        "(Tensor grad_x, Tensor grad_weight)",
+        tags);
+  // (x - mean) · rsqrt(var + eps) · weight + bias.
+  m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-5) -> Tensor", tags);
+  // h = x + residual (in x's dtype); (layer_norm(h, weight, bias, eps), h).
+  m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor? bias, float eps=1e-5) -> "
+        "(Tensor out, Tensor residual_out)",
+        tags);
+  // Gradients of layer_norm(x), grad_residual added to grad_x as for rms_norm_backward.
+  m.def("layer_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps, Tensor? grad_residual=None) -> "
+        "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
+        tags);
 }

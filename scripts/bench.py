@@ -57,6 +57,38 @@ ACTIVATIONS = {
 }
 
 
+def rms_norm_composite(x, weight, eps=1e-6):
+    return F.rms_norm(x, x.shape[-1:], weight, eps)
+
+
+def add_norm_composite(norm):
+    def composite(x, residual, *parameters):
+        h = x + residual
+        return norm(h, *parameters), h
+    return composite
+
+
+def layer_norm_composite(x, weight, bias, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+NORMS = {
+    # op label: (fused, composite, residual, bias)
+    "rms_norm": (lambda x, w: torch.ops.fused.rms_norm(x, w, 1e-6), rms_norm_composite, False, False),
+    "add_rms_norm": (lambda x, r, w: torch.ops.fused.add_rms_norm(x, r, w, 1e-6),
+                     add_norm_composite(rms_norm_composite), True, False),
+    "add_layer_norm": (lambda x, r, w, b: torch.ops.fused.add_layer_norm(x, r, w, b, 1e-5),
+                       add_norm_composite(layer_norm_composite), True, True),
+}
+# (rows, H): decode, the issue's 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
+NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
+NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
+
+
+def as_outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
 def workloads(device, dtypes, sizes, ops):
     if "relu_add" in ops:
         for dtype in dtypes:
@@ -83,6 +115,22 @@ def workloads(device, dtypes, sizes, ops):
                                                            torch.randn(hidden, device=device, dtype=dtype)]
                     elements = (2 * numel + hidden, 5 * numel + 4 * hidden)
                 yield (op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
+    for op, (fused, composite, residual, bias) in NORMS.items():
+        if op not in ops and "norms" not in ops:
+            continue
+        for rows, hidden in NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU:
+            numel = rows * hidden
+            def make(rows=rows, hidden=hidden, residual=residual, bias=bias):
+                tensors = [torch.randn(rows, hidden, device=device, dtype=torch.bfloat16) for _ in range(1 + residual)]
+                return tensors + [torch.randn(hidden, device=device, dtype=torch.bfloat16) for _ in range(1 + bias)]
+            rows_in = 1 + residual
+            parameters = 1 + bias
+            # forward: x (+ residual) and parameters in, out (+ h) out; backward: the gradient of out
+            # (+ of h), h and weight in, one gradient of h (shared by x and residual) and the
+            # parameters' gradients out.
+            forward = (2 * rows_in) * numel + parameters * hidden
+            backward = (3 + residual) * numel + (1 + parameters) * hidden
+            yield (op, torch.bfloat16, (rows, hidden), numel, make, fused, composite, forward, forward + backward)
 
 
 class Progress:
@@ -201,7 +249,7 @@ def run(args):
     progress = Progress(len(planned) * 2 * len(variants))
     for op, dtype, shape, numel, make_inputs, fused, composite, forward_elements, training_elements in planned:
         inputs = make_inputs()
-        grad = torch.randn(fused(*inputs).shape, device=device, dtype=dtype)
+        grads = [torch.randn(out.shape, device=device, dtype=dtype) for out in as_outputs(fused(*inputs))]
         torch._dynamo.reset()
         compiled = torch.compile(composite)
         functions = {"fused": fused, "eager": composite, "compile": compiled}
@@ -214,13 +262,14 @@ def run(args):
                     step = lambda f=function: f(*inputs)  # noqa: E731
                 else:
                     leaves = [t.detach().requires_grad_(True) for t in inputs]
-                    step = lambda f=function, leaves=leaves: torch.autograd.grad(f(*leaves), leaves, grad)  # noqa: E731
+                    step = lambda f=function, leaves=leaves: torch.autograd.grad(  # noqa: E731
+                        as_outputs(f(*leaves)), leaves, grads)
                 us = median_time_us(step, device, numel, repeats)
                 row[f"{variant}_us"] = us
                 row[f"{variant}_gbs"] = row["bytes"] / us / 1e3
                 progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
             rows.append(row)
-        del inputs, grad
+        del inputs, grads
     overhead = python_call_overhead_us(device)
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
@@ -276,8 +325,9 @@ def plot(result, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS],
-                        help="relu_add and/or activation labels (bias_gelu_tanh, silu_mul, ...)")
+    parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS, *NORMS],
+                        help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
+                             "(rms_norm, add_rms_norm, add_layer_norm) or 'norms'")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--min-log2", type=int, default=12)
     parser.add_argument("--max-log2", type=int, default=None, help="default 28 on CUDA, 22 on CPU")

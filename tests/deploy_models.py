@@ -40,4 +40,26 @@ class MatmulActivations(torch.nn.Module):
         return self.silu_mul(h) * y + self.gelu_mul(h)
 
 
-MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations}
+class MatmulNorms(torch.nn.Module):
+    """A pre-norm residual block: add_rms_norm, matmul, add_layer_norm, rms_norm and layer_norm."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(4)
+        self.weight = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.add_rms = fused_ops.nn.AddRMSNorm(16, eps=1e-6)
+        self.add_layer = fused_ops.nn.AddLayerNorm(16)
+        self.rms = fused_ops.nn.RMSNorm(16, eps=1e-5)
+        self.layer = fused_ops.nn.LayerNorm(16, bias=False)
+        with torch.no_grad():
+            for norm in (self.add_rms, self.add_layer, self.rms, self.layer):
+                for parameter in norm.parameters():
+                    parameter.copy_(torch.randn(parameter.shape, generator=generator))
+
+    def forward(self, x, y):
+        normed, residual = self.add_rms(x, y.expand_as(x))
+        out, residual = self.add_layer(normed @ self.weight, residual)
+        return self.rms(out) + self.layer(residual), residual
+
+
+MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms}

@@ -52,10 +52,11 @@ def test_relu_add_backward_bad_inputs(device):
 def test_bad_inputs_never_crash_the_process(device):
     script = textwrap.dedent(f"""
         import torch, fused_ops
-        import test_activations, test_errors
+        import test_activations, test_errors, test_norms
         calls = [lambda args=args: torch.ops.fused.relu_add(*args)
                  for _, args, _ in test_errors.bad_relu_add_inputs({device!r})]
         calls += [call for call, _ in test_activations.bad_activation_inputs({device!r})]
+        calls += [call for call, _ in test_norms.bad_norm_inputs({device!r})]
         rejected = 0
         for call in calls:
             try:

@@ -35,7 +35,8 @@ def cuda_kernels_compiled() -> bool:
 
 torch.ops.load_library(library_path())
 
-from ._ops import bias_gelu, gelu_mul, relu_add, silu_mul  # noqa: E402
+from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm, relu_add,  # noqa: E402
+                   rms_norm, silu_mul)
 from . import nn  # noqa: E402
 
 __all__ = [
@@ -48,5 +49,9 @@ __all__ = [
     "bias_gelu",
     "silu_mul",
     "gelu_mul",
+    "rms_norm",
+    "add_rms_norm",
+    "layer_norm",
+    "add_layer_norm",
     "nn",
 ]

@@ -1,4 +1,6 @@
 """Typed wrappers over `torch.ops.fused.*` (same semantics, docstrings and type hints)."""
+from typing import Optional, Tuple
+
 import torch
 from torch import Tensor
 
@@ -7,6 +9,10 @@ _relu_add = torch.ops.fused.relu_add.default
 _bias_gelu = torch.ops.fused.bias_gelu.default
 _silu_mul = torch.ops.fused.silu_mul.default
 _gelu_mul = torch.ops.fused.gelu_mul.default
+_rms_norm = torch.ops.fused.rms_norm.default
+_add_rms_norm = torch.ops.fused.add_rms_norm.default
+_layer_norm = torch.ops.fused.layer_norm.default
+_add_layer_norm = torch.ops.fused.add_layer_norm.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -34,3 +40,31 @@ def silu_mul(x: Tensor) -> Tensor:
 def gelu_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """`gelu(x[..., :d], approximate) * x[..., d:]` for `x` of shape `[..., 2d]` (GeGLU)."""
     return _gelu_mul(x, approximate)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """`x * rsqrt(mean(x**2, -1) + eps) * weight` over the last dim, statistics in float32.
+
+    `weight` is 1-D of size `x.size(-1)`, with x's dtype or float32 for float16/bfloat16 `x`;
+    the result has x's dtype. Differentiable in `x` and `weight`.
+    """
+    return _rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
+    """`h = x + residual` (in x's dtype); returns `(rms_norm(h, weight, eps), h)`.
+
+    Differentiable in `x`, `residual` and `weight` through either output or both.
+    """
+    return _add_rms_norm(x, residual, weight, eps)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
+    """`(x - mean) * rsqrt(var + eps) * weight + bias` over the last dim, statistics in float32."""
+    return _layer_norm(x, weight, bias, eps)
+
+
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                   eps: float = 1e-5) -> Tuple[Tensor, Tensor]:
+    """`h = x + residual` (in x's dtype); returns `(layer_norm(h, weight, bias, eps), h)`."""
+    return _add_layer_norm(x, residual, weight, bias, eps)

@@ -1,4 +1,6 @@
 """nn.Modules over the fused ops; each is accepted by `torch.jit.script`."""
+from typing import List, Optional, Tuple, Union
+
 import torch
 from torch import Tensor
 
@@ -56,3 +58,94 @@ class GELUMul(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"approximate={self.approximate!r}"
+
+
+def _last_dim_size(module: str, normalized_shape: Union[int, List[int], Tuple[int, ...], torch.Size]) -> int:
+    if isinstance(normalized_shape, int):
+        return normalized_shape
+    shape = list(normalized_shape)
+    if len(shape) != 1:
+        raise ValueError(f"{module}: normalises over the last dim only, so normalized_shape must be an int "
+                         f"or have one element, got {normalized_shape!r}")
+    return int(shape[0])
+
+
+def _machine_epsilon(dtype: torch.dtype) -> float:
+    """torch.finfo(dtype).eps, written out because TorchScript has no torch.finfo."""
+    if dtype == torch.float64:
+        return 2.220446049250313e-16
+    if dtype == torch.float16:
+        return 0.0009765625
+    if dtype == torch.bfloat16:
+        return 0.0078125
+    return 1.1920928955078125e-07
+
+
+class _Norm(torch.nn.Module):
+    """Weight (and bias) over the last dim, created as torch.nn.RMSNorm / LayerNorm create them.
+    Without elementwise_affine the weight is a non-persistent buffer of ones (state_dict stays empty,
+    as torch's)."""
+
+    def __init__(self, module: str, normalized_shape, elementwise_affine: bool, bias: bool,
+                 device=None, dtype=None) -> None:
+        super().__init__()
+        size = _last_dim_size(module, normalized_shape)
+        self.normalized_shape = (size,)
+        self.elementwise_affine = elementwise_affine
+        ones = torch.ones(size, device=device, dtype=dtype)
+        if elementwise_affine:
+            self.weight = torch.nn.Parameter(ones)
+        else:
+            self.register_buffer("weight", ones, persistent=False)
+        self.bias: Optional[Tensor] = None
+        if elementwise_affine and bias:
+            self.bias = torch.nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
+
+
+class RMSNorm(_Norm):
+    """Drop-in for `torch.nn.RMSNorm(normalized_shape)` over the last dim: `eps=None` means
+    `torch.finfo(x.dtype).eps`, as there. The weight may be float32 while x is float16/bfloat16
+    (mixed precision); the output has x's dtype."""
+
+    def __init__(self, normalized_shape, eps: Optional[float] = None, elementwise_affine: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__("RMSNorm", normalized_shape, elementwise_affine, False, device, dtype)
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        eps = self.eps if self.eps is not None else _machine_epsilon(x.dtype)
+        return torch.ops.fused.rms_norm(x, self.weight, eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class AddRMSNorm(RMSNorm):
+    """`h = x + residual`, then RMSNorm of h; returns `(out, h)` (h is the next residual)."""
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+        eps = self.eps if self.eps is not None else _machine_epsilon(x.dtype)
+        return torch.ops.fused.add_rms_norm(x, residual, self.weight, eps)
+
+
+class LayerNorm(_Norm):
+    """Drop-in for `torch.nn.LayerNorm(normalized_shape)` over the last dim (same arguments and
+    parameter names). The weight and bias may be float32 while x is float16/bfloat16."""
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
+                 device=None, dtype=None) -> None:
+        super().__init__("LayerNorm", normalized_shape, elementwise_affine, bias, device, dtype)
+        self.eps = float(eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.fused.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+
+
+class AddLayerNorm(LayerNorm):
+    """`h = x + residual`, then LayerNorm of h; returns `(out, h)` (h is the next residual)."""
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
+        return torch.ops.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps)

@@ -1,0 +1,573 @@
+#pragma once
+// CUDA loops for the norms (see norm.h). One block normalises one row at a time and walks rows
+// with a stride of the grid (grid sized from the SM count and the kernel's occupancy).
+//   cached path (rows of up to kMaxCachedPacks packs): each thread keeps its packs of the row in
+//     registers, as raw 16-bit or 32-bit values, so x (and grad) are read from memory once. The
+//     backward accumulates grad·n (and grad) for the thread's columns over all rows the block
+//     visits, writes one partial row per block, and column_sum_kernel adds the partial rows in
+//     block order: deterministic weight and bias gradients for the cost of one small pass.
+//   long-row path (longer rows): passes over the row in memory (the block's row stays in L2), and
+//     the backward stores each row's mean and rstd so weight_grad_kernel sums grad·n by columns.
+// A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
+// element.
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+#include "norm.h"
+
+namespace fused_ops {
+namespace cuda {
+
+constexpr int kNormMaxThreads = 512;
+constexpr int kNormMaxPacksPerThread = 4;
+constexpr int64_t kMaxCachedPacks = int64_t(kNormMaxThreads) * kNormMaxPacksPerThread;
+
+template <typename T, int kWidth>
+struct alignas(sizeof(T) * kWidth) Pack {
+  T values[kWidth];
+};
+
+template <typename T, int kWidth>
+__device__ __forceinline__ Pack<T, kWidth> load_pack(const void* base, int64_t row_offset, int64_t pack) {
+  return reinterpret_cast<const Pack<T, kWidth>*>(static_cast<const T*>(base) + row_offset)[pack];
+}
+
+template <typename T, int kWidth>
+__device__ __forceinline__ void store_pack(void* base, int64_t row_offset, int64_t pack, const Pack<T, kWidth>& value) {
+  reinterpret_cast<Pack<T, kWidth>*>(static_cast<T*>(base) + row_offset)[pack] = value;
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Sums kCount values over the block (blockDim.x a multiple of 32) in a fixed order; every thread
+// gets the sums. `shared` holds 32 * kCount values.
+template <int kCount, typename acc_t>
+__device__ __forceinline__ void block_sum(acc_t (&values)[kCount], acc_t* shared) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = warp_sum(values[i]);
+  __syncthreads();  // the previous call's readers are done with `shared`
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) shared[i * 32 + warp] = values[i];
+  }
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = warp_sum(lane < warps ? shared[i * 32 + lane] : acc_t(0));
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return ::rsqrt(value);
+  } else {
+    return rsqrtf(value);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cached path.
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(NormForwardProblem p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
+  __shared__ acc_t shared[32];
+  const int64_t packs_per_row = p.columns / kWidth;
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    XPack h[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      h[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+      if (p.residual) {
+        const XPack residual = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          h[k].values[j] = static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) + static_cast<acc_t>(residual.values[j]));
+        }
+        store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
+      }
+    }
+    acc_t mean = 0;
+    if constexpr (kKind == NormKind::Layer) {
+      acc_t sum[1] = {0};
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(h[k].values[j]);
+      }
+      block_sum(sum, shared);
+      mean = sum[0] / p.columns;
+    }
+    acc_t squares[1] = {0};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t centered = static_cast<acc_t>(h[k].values[j]) - mean;
+        squares[0] += centered * centered;
+      }
+    }
+    block_sum(squares, shared);
+    const acc_t rstd = reciprocal_sqrt(squares[0] / p.columns + static_cast<acc_t>(p.eps));
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      WPack bias;
+      if (p.bias) bias = load_pack<weight_t, kWidth>(p.bias, 0, pack);
+      XPack out;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * static_cast<acc_t>(weight.values[j]);
+        if (p.bias) value += static_cast<acc_t>(bias.values[j]);
+        out.values[j] = static_cast<scalar_t>(value);
+      }
+      store_pack<scalar_t, kWidth>(p.out, row * p.columns, pack, out);
+    }
+  }
+}
+
+// grad_x for the block's rows; the block's sums of grad·n and grad for its columns go to
+// weight_partials[blockIdx.x] and bias_partials[blockIdx.x] ([gridDim.x, columns], float).
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
+                                at::opmath_type<scalar_t>* bias_partials) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
+  __shared__ acc_t shared[32 * 3];
+  const int64_t packs_per_row = p.columns / kWidth;
+  acc_t weight_sums[kPacks][kWidth] = {};
+  acc_t bias_sums[kPacks][kWidth] = {};
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    XPack x[kPacks];
+    XPack grad[kPacks];
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      x[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+      grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
+    }
+    acc_t mean = 0;
+    if constexpr (kKind == NormKind::Layer) {
+      acc_t sum[1] = {0};
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x[k].values[j]);
+      }
+      block_sum(sum, shared);
+      mean = sum[0] / p.columns;
+    }
+    // Σ (h - mean)², Σ gw·(h - mean), Σ gw in one reduction.
+    acc_t sums[3] = {0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t centered = static_cast<acc_t>(x[k].values[j]) - mean;
+        const acc_t gw = static_cast<acc_t>(grad[k].values[j]) * static_cast<acc_t>(weight.values[j]);
+        sums[0] += centered * centered;
+        sums[1] += gw * centered;
+        sums[2] += gw;
+      }
+    }
+    block_sum(sums, shared);
+    const acc_t rstd = reciprocal_sqrt(sums[0] / p.columns + static_cast<acc_t>(p.eps));
+    const acc_t mean_gw_n = sums[1] * rstd / p.columns;
+    const acc_t mean_gw = kKind == NormKind::Layer ? sums[2] / p.columns : acc_t(0);
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      XPack grad_residual;
+      if (p.grad_residual) {
+        grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+      }
+      XPack grad_x;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t g = static_cast<acc_t>(grad[k].values[j]);
+        const acc_t n = (static_cast<acc_t>(x[k].values[j]) - mean) * rstd;
+        acc_t value = rstd * (g * static_cast<acc_t>(weight.values[j]) - mean_gw - n * mean_gw_n);
+        if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
+        grad_x.values[j] = static_cast<scalar_t>(value);
+        weight_sums[k][j] += g * n;
+        if constexpr (kKind == NormKind::Layer) bias_sums[k][j] += g;
+      }
+      store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+    if (pack >= packs_per_row) continue;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      const int64_t column = pack * kWidth + j;
+      weight_partials[blockIdx.x * p.columns + column] = weight_sums[k][j];
+      if constexpr (kKind == NormKind::Layer) bias_partials[blockIdx.x * p.columns + column] = bias_sums[k][j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Long-row path: one element per thread per step, rows read more than once (from L2).
+
+template <typename scalar_t, typename weight_t, NormKind kKind>
+__global__ void __launch_bounds__(kNormMaxThreads) norm_forward_long_row_kernel(NormForwardProblem p) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t shared[32];
+  const auto* weight = static_cast<const weight_t*>(p.weight);
+  const auto* bias = static_cast<const weight_t*>(p.bias);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const auto* x = static_cast<const scalar_t*>(p.x) + row * p.x_row_stride;
+    // With a residual, h is written to residual_out in the first pass; later passes read it back
+    // (each thread reads only what it wrote).
+    const scalar_t* h = p.residual ? static_cast<const scalar_t*>(p.residual_out) + row * p.columns : x;
+    acc_t sum[1] = {0};
+    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
+      acc_t value = static_cast<acc_t>(x[column]);
+      if (p.residual) {
+        const scalar_t rounded = static_cast<scalar_t>(
+            value + static_cast<acc_t>(static_cast<const scalar_t*>(p.residual)[row * p.residual_row_stride + column]));
+        static_cast<scalar_t*>(p.residual_out)[row * p.columns + column] = rounded;
+        value = static_cast<acc_t>(rounded);
+      }
+      sum[0] += kKind == NormKind::Layer ? value : value * value;
+    }
+    block_sum(sum, shared);
+    acc_t mean = 0;
+    acc_t variance = sum[0] / p.columns;
+    if constexpr (kKind == NormKind::Layer) {
+      mean = sum[0] / p.columns;
+      acc_t squares[1] = {0};
+      for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
+        const acc_t centered = static_cast<acc_t>(h[column]) - mean;
+        squares[0] += centered * centered;
+      }
+      block_sum(squares, shared);
+      variance = squares[0] / p.columns;
+    }
+    const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
+    auto* out = static_cast<scalar_t*>(p.out) + row * p.columns;
+    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
+      acc_t value = (static_cast<acc_t>(h[column]) - mean) * rstd * static_cast<acc_t>(weight[column]);
+      if (bias) value += static_cast<acc_t>(bias[column]);
+      out[column] = static_cast<scalar_t>(value);
+    }
+  }
+}
+
+// grad_x per row; each row's mean and rstd go to `statistics` ([rows, 2]) for weight_grad_kernel.
+template <typename scalar_t, typename weight_t, NormKind kKind>
+__global__ void __launch_bounds__(kNormMaxThreads)
+    norm_backward_long_row_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* statistics) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t shared[32 * 3];
+  const auto* weight = static_cast<const weight_t*>(p.weight);
+  for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
+    const auto* x = static_cast<const scalar_t*>(p.x) + row * p.x_row_stride;
+    const auto* grad = static_cast<const scalar_t*>(p.grad) + row * p.grad_row_stride;
+    acc_t mean = 0;
+    if constexpr (kKind == NormKind::Layer) {
+      acc_t sum[1] = {0};
+      for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) sum[0] += static_cast<acc_t>(x[column]);
+      block_sum(sum, shared);
+      mean = sum[0] / p.columns;
+    }
+    acc_t sums[3] = {0, 0, 0};
+    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
+      const acc_t centered = static_cast<acc_t>(x[column]) - mean;
+      const acc_t gw = static_cast<acc_t>(grad[column]) * static_cast<acc_t>(weight[column]);
+      sums[0] += centered * centered;
+      sums[1] += gw * centered;
+      sums[2] += gw;
+    }
+    block_sum(sums, shared);
+    const acc_t rstd = reciprocal_sqrt(sums[0] / p.columns + static_cast<acc_t>(p.eps));
+    const acc_t mean_gw_n = sums[1] * rstd / p.columns;
+    const acc_t mean_gw = kKind == NormKind::Layer ? sums[2] / p.columns : acc_t(0);
+    auto* grad_x = static_cast<scalar_t*>(p.grad_x) + row * p.columns;
+    const auto* grad_residual =
+        p.grad_residual ? static_cast<const scalar_t*>(p.grad_residual) + row * p.grad_residual_row_stride : nullptr;
+    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
+      const acc_t n = (static_cast<acc_t>(x[column]) - mean) * rstd;
+      acc_t value = rstd * (static_cast<acc_t>(grad[column]) * static_cast<acc_t>(weight[column]) - mean_gw - n * mean_gw_n);
+      if (grad_residual) value += static_cast<acc_t>(grad_residual[column]);
+      grad_x[column] = static_cast<scalar_t>(value);
+    }
+    if (threadIdx.x == 0) {
+      statistics[2 * row] = mean;
+      statistics[2 * row + 1] = rstd;
+    }
+  }
+}
+
+constexpr int kColumnsPerBlock = 32;
+constexpr int kRowGroups = 8;  // blockDim = (kColumnsPerBlock, kRowGroups)
+
+// Long-row path: weight (and bias) gradients by columns, from grad, h and the row statistics.
+// Each thread sums every kRowGroups-th row in order, then the groups are added in order.
+template <typename scalar_t, typename weight_t, NormKind kKind>
+__global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<scalar_t>* statistics) {
+  using acc_t = at::opmath_type<scalar_t>;
+  __shared__ acc_t shared[2][kRowGroups][kColumnsPerBlock];
+  const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  acc_t weight_sum = 0, bias_sum = 0;
+  if (column < p.columns) {
+    for (int64_t row = threadIdx.y; row < p.rows; row += kRowGroups) {
+      const acc_t grad = static_cast<acc_t>(static_cast<const scalar_t*>(p.grad)[row * p.grad_row_stride + column]);
+      const acc_t x = static_cast<acc_t>(static_cast<const scalar_t*>(p.x)[row * p.x_row_stride + column]);
+      weight_sum += grad * (x - statistics[2 * row]) * statistics[2 * row + 1];
+      bias_sum += grad;
+    }
+  }
+  shared[0][threadIdx.y][threadIdx.x] = weight_sum;
+  shared[1][threadIdx.y][threadIdx.x] = bias_sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && column < p.columns) {
+    for (int group = 1; group < kRowGroups; ++group) {
+      weight_sum += shared[0][group][threadIdx.x];
+      bias_sum += shared[1][group][threadIdx.x];
+    }
+    static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
+    if (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
+  }
+}
+
+// Cached path: output[column] = Σ_part partials[part, column], parts added in a fixed order.
+template <typename acc_t, typename weight_t>
+__global__ void column_sum_kernel(const acc_t* partials, int64_t parts, int64_t columns, weight_t* output) {
+  __shared__ acc_t shared[kRowGroups][kColumnsPerBlock];
+  const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  acc_t sum = 0;
+  if (column < columns) {
+    for (int64_t part = threadIdx.y; part < parts; part += kRowGroups) sum += partials[part * columns + column];
+  }
+  shared[threadIdx.y][threadIdx.x] = sum;
+  __syncthreads();
+  if (threadIdx.y == 0 && column < columns) {
+    for (int group = 1; group < kRowGroups; ++group) sum += shared[group][threadIdx.x];
+    output[column] = static_cast<weight_t>(sum);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launch configuration.
+
+inline bool pointer_aligned(const void* pointer, int64_t bytes) {
+  return pointer == nullptr || reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+inline bool row_aligned(const void* pointer, int64_t row_stride, int64_t element_size) {
+  return pointer_aligned(pointer, 16) && (row_stride * element_size) % 16 == 0;
+}
+
+// Threads per block and packs per thread for a cached row of `packs` packs: the fewest packs per
+// thread that keep the block at or below `max_threads`.
+struct CachedConfig {
+  int threads;
+  int packs_per_thread;
+};
+
+inline CachedConfig cached_config(int64_t packs, int max_threads) {
+  int packs_per_thread = 1;
+  while (packs_per_thread < kNormMaxPacksPerThread && (packs + packs_per_thread - 1) / packs_per_thread > max_threads) {
+    packs_per_thread *= 2;
+  }
+  const int64_t threads = (packs + packs_per_thread - 1) / packs_per_thread;
+  return {static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32)), packs_per_thread};
+}
+
+// Blocks for `rows` rows: as many as fit on the GPU at once (a few per SM), at most one per row.
+// Resident blocks of `kernel` on the current GPU (SMs × blocks per SM), cached per (kernel,
+// threads, device): the queries cost microseconds per call.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int, int>, int64_t> cache;
+  const int device = c10::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, device);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  int blocks_per_sm = 0;
+  int sms = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, 0));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return cache.emplace(key, int64_t(std::max(1, blocks_per_sm)) * sms).first->second;
+}
+
+// Blocks for `rows` rows: as many as fit on the GPU at once, at most max_blocks_per_sm per SM
+// and one per row.
+template <typename Kernel>
+unsigned int norm_grid(Kernel kernel, int threads, int64_t rows, int max_blocks_per_sm) {
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
+  const int64_t blocks = std::min(resident_blocks(kernel, threads), int64_t(sms) * max_blocks_per_sm);
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(rows, blocks)));
+}
+
+// Calls body(std::integral_constant<int, kPacks>) for the packs per thread chosen at run time.
+template <typename Body>
+void with_packs_per_thread(int packs_per_thread, Body body) {
+  switch (packs_per_thread) {
+    case 1: body(std::integral_constant<int, 1>{}); break;
+    case 2: body(std::integral_constant<int, 2>{}); break;
+    default: body(std::integral_constant<int, 4>{}); break;
+  }
+}
+
+template <typename scalar_t, typename weight_t>
+constexpr int vector_width() {
+  return 16 / sizeof(scalar_t);
+}
+
+template <typename scalar_t, typename weight_t>
+bool forward_vectorizable(const NormForwardProblem& p) {
+  constexpr int width = vector_width<scalar_t, weight_t>();
+  constexpr int64_t weight_pack_bytes = int64_t(sizeof(weight_t)) * width;
+  return p.columns % width == 0 && row_aligned(p.x, p.x_row_stride, sizeof(scalar_t)) &&
+         row_aligned(p.residual, p.residual_row_stride, sizeof(scalar_t)) &&
+         pointer_aligned(p.out, 16) && pointer_aligned(p.residual_out, 16) &&
+         pointer_aligned(p.weight, weight_pack_bytes) && pointer_aligned(p.bias, weight_pack_bytes);
+}
+
+template <typename scalar_t, typename weight_t>
+bool backward_vectorizable(const NormBackwardProblem& p) {
+  constexpr int width = vector_width<scalar_t, weight_t>();
+  return p.columns % width == 0 && row_aligned(p.x, p.x_row_stride, sizeof(scalar_t)) &&
+         row_aligned(p.grad, p.grad_row_stride, sizeof(scalar_t)) &&
+         row_aligned(p.grad_residual, p.grad_residual_row_stride, sizeof(scalar_t)) &&
+         pointer_aligned(p.grad_x, 16) && pointer_aligned(p.weight, int64_t(sizeof(weight_t)) * width);
+}
+
+// Rows in flight per SM: the forward streams best with many small blocks, the backward keeps
+// one partial row per block, so it runs fewer.
+constexpr int kForwardBlocksPerSm = 8;
+constexpr int kBackwardBlocksPerSm = 2;
+
+template <NormKind kKind>
+void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
+                       c10::Device device) {
+  if (p.rows == 0 || p.columns == 0) return;
+  const c10::cuda::CUDAGuard device_guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_forward_cuda", [&] {
+    auto launch_cached = [&](auto width_constant) {
+      constexpr int kWidth = decltype(width_constant)::value;
+      const CachedConfig config = cached_config(p.columns / kWidth, p.rows >= 1024 ? 256 : kNormMaxThreads);
+      with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
+        const auto kernel = norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
+        kernel<<<norm_grid(kernel, config.threads, p.rows, kForwardBlocksPerSm), config.threads, 0, stream>>>(p);
+      });
+    };
+    constexpr int kVectorWidth = vector_width<scalar_t, weight_t>();
+    const bool vectorized = forward_vectorizable<scalar_t, weight_t>(p);
+    const int64_t packs = vectorized ? p.columns / kVectorWidth : p.columns;
+    if (packs <= kMaxCachedPacks) {
+      if (vectorized) {
+        launch_cached(std::integral_constant<int, kVectorWidth>{});
+      } else {
+        launch_cached(std::integral_constant<int, 1>{});
+      }
+    } else {
+      const auto kernel = norm_forward_long_row_kernel<scalar_t, weight_t, kKind>;
+      kernel<<<norm_grid(kernel, kNormMaxThreads, p.rows, kForwardBlocksPerSm), kNormMaxThreads, 0, stream>>>(p);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+template <NormKind kKind>
+void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
+                        c10::Device device) {
+  const c10::cuda::CUDAGuard device_guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  if (p.columns == 0) return;
+  const auto weight_options = at::TensorOptions().dtype(weight_dtype).device(device);
+  if (p.rows == 0) {  // sums over no rows
+    at::from_blob(p.grad_weight, {p.columns}, weight_options).zero_();
+    if (p.grad_bias) at::from_blob(p.grad_bias, {p.columns}, weight_options).zero_();
+    return;
+  }
+  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_backward_cuda", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto acc_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device);
+    const dim3 column_block(kColumnsPerBlock, kRowGroups);
+    const unsigned int column_blocks = static_cast<unsigned int>((p.columns + kColumnsPerBlock - 1) / kColumnsPerBlock);
+    auto launch_cached = [&](auto width_constant) {
+      constexpr int kWidth = decltype(width_constant)::value;
+      const CachedConfig config = cached_config(p.columns / kWidth, p.rows >= 1024 ? 256 : kNormMaxThreads);
+      with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
+        const auto kernel = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
+        const unsigned int grid = norm_grid(kernel, config.threads, p.rows, kBackwardBlocksPerSm);
+        const at::Tensor partials = at::empty({kKind == NormKind::Layer ? 2 : 1, grid, p.columns}, acc_options);
+        acc_t* weight_partials = partials.mutable_data_ptr<acc_t>();
+        acc_t* bias_partials = kKind == NormKind::Layer ? weight_partials + int64_t(grid) * p.columns : nullptr;
+        kernel<<<grid, config.threads, 0, stream>>>(p, weight_partials, bias_partials);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        column_sum_kernel<<<column_blocks, column_block, 0, stream>>>(
+            weight_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight));
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        if (kKind == NormKind::Layer) {
+          column_sum_kernel<<<column_blocks, column_block, 0, stream>>>(
+              bias_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_bias));
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+        }
+      });
+    };
+    constexpr int kVectorWidth = vector_width<scalar_t, weight_t>();
+    const bool vectorized = backward_vectorizable<scalar_t, weight_t>(p);
+    const int64_t packs = vectorized ? p.columns / kVectorWidth : p.columns;
+    if (packs <= kMaxCachedPacks) {
+      if (vectorized) {
+        launch_cached(std::integral_constant<int, kVectorWidth>{});
+      } else {
+        launch_cached(std::integral_constant<int, 1>{});
+      }
+    } else {
+      const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
+      const auto kernel = norm_backward_long_row_kernel<scalar_t, weight_t, kKind>;
+      kernel<<<norm_grid(kernel, kNormMaxThreads, p.rows, kForwardBlocksPerSm), kNormMaxThreads, 0, stream>>>(
+          p, statistics.mutable_data_ptr<acc_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      weight_grad_kernel<scalar_t, weight_t, kKind><<<column_blocks, column_block, 0, stream>>>(
+          p, statistics.const_data_ptr<acc_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace cuda
+}  // namespace fused_ops

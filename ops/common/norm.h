@@ -1,0 +1,136 @@
+#pragma once
+// Normalisation over the last dim, optionally after a residual add, shared by rms_norm,
+// add_rms_norm, layer_norm and add_layer_norm:
+//   h   = x + residual, rounded to x's dtype as eager stores it (h = x without a residual)
+//   RMS:   out = h · rstd · weight,                   rstd = 1 / sqrt(mean(h²) + eps)
+//   Layer: out = (h - mean) · rstd · weight + bias,   rstd = 1 / sqrt(var(h) + eps)
+// Statistics in float32 (float64 for float64); weight and bias may be float32 while x is 16-bit
+// (mixed precision); out has x's dtype. The backward recomputes the statistics from h, which it
+// reads anyway, so forwards save only h:
+//   n = (h - mean) · rstd (RMS: mean = 0),  gw = grad · weight
+//   grad_h      = rstd · (gw - mean(gw) - n · mean(gw · n)) + grad_residual   (RMS: no mean(gw))
+//   grad_weight = Σ_rows grad · n,   grad_bias = Σ_rows grad   (fixed summation order)
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+#include "dtype_dispatch.h"
+#include "rowwise.h"
+
+namespace fused_ops {
+
+enum class NormKind { RMS, Layer };
+
+struct NormForwardProblem {
+  const void* x;
+  int64_t x_row_stride;  // columns are contiguous in every operand
+  const void* residual;  // null: no residual add
+  int64_t residual_row_stride;
+  const void* weight;  // [columns]
+  const void* bias;    // [columns] or null
+  void* out;           // contiguous rows
+  void* residual_out;  // contiguous rows; null without a residual
+  int64_t rows;
+  int64_t columns;
+  double eps;
+};
+
+struct NormBackwardProblem {
+  const void* grad;
+  int64_t grad_row_stride;
+  const void* x;  // h of the forward
+  int64_t x_row_stride;
+  const void* weight;
+  const void* grad_residual;  // null: none
+  int64_t grad_residual_row_stride;
+  void* grad_x;       // contiguous rows
+  void* grad_weight;  // [columns], weight's dtype
+  void* grad_bias;    // [columns], weight's dtype; null for RMS
+  int64_t rows;
+  int64_t columns;
+  double eps;
+};
+
+// `tensor` as [rows, last dim] with contiguous columns (a view when possible, else a copy).
+inline at::Tensor as_unit_stride_rows(const at::Tensor& tensor) {
+  const at::Tensor rows = as_rows(tensor);
+  return rows.stride(1) == 1 || rows.size(1) <= 1 ? rows : rows.contiguous();
+}
+
+inline at::Tensor empty_contiguous_like(const at::Tensor& tensor) {
+  return at::empty(tensor.sizes(), tensor.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// Allocates out (and residual_out) and hands the [rows, H] problem to `run` (CPU or CUDA loop).
+template <typename Run>
+std::tuple<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::Tensor* residual,
+                                                const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                                                double eps, Run run) {
+  const at::Tensor x_rows = as_unit_stride_rows(x);
+  const at::Tensor residual_rows = residual ? as_unit_stride_rows(*residual) : at::Tensor();
+  const at::Tensor weight_contiguous = weight.contiguous();
+  const at::Tensor bias_contiguous = bias.has_value() ? bias->contiguous() : at::Tensor();
+  at::Tensor out = empty_contiguous_like(x);
+  at::Tensor residual_out = residual ? empty_contiguous_like(x) : at::Tensor();
+  NormForwardProblem problem{x_rows.const_data_ptr(),
+                             x_rows.stride(0),
+                             residual ? residual_rows.const_data_ptr() : nullptr,
+                             residual ? residual_rows.stride(0) : 0,
+                             weight_contiguous.const_data_ptr(),
+                             bias_contiguous.defined() ? bias_contiguous.const_data_ptr() : nullptr,
+                             out.mutable_data_ptr(),
+                             residual ? residual_out.mutable_data_ptr() : nullptr,
+                             x_rows.size(0),
+                             x_rows.size(1),
+                             eps};
+  run(problem);
+  return {out, residual_out};
+}
+
+// grad_x, grad_weight and (Layer) grad_bias; `run` is the CPU or CUDA loop.
+template <typename Run>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(NormKind kind, const at::Tensor& grad,
+                                                             const at::Tensor& x, const at::Tensor& weight,
+                                                             const std::optional<at::Tensor>& grad_residual,
+                                                             double eps, Run run) {
+  const at::Tensor grad_rows = as_unit_stride_rows(grad);
+  const at::Tensor x_rows = as_unit_stride_rows(x);
+  const bool has_grad_residual = grad_residual.has_value() && grad_residual->defined();
+  const at::Tensor grad_residual_rows = has_grad_residual ? as_unit_stride_rows(*grad_residual) : at::Tensor();
+  const at::Tensor weight_contiguous = weight.contiguous();
+  at::Tensor grad_x = empty_contiguous_like(x);
+  at::Tensor grad_weight = at::empty({weight.size(0)}, weight.options());
+  at::Tensor grad_bias = kind == NormKind::Layer ? at::empty({weight.size(0)}, weight.options()) : at::Tensor();
+  NormBackwardProblem problem{grad_rows.const_data_ptr(),
+                              grad_rows.stride(0),
+                              x_rows.const_data_ptr(),
+                              x_rows.stride(0),
+                              weight_contiguous.const_data_ptr(),
+                              has_grad_residual ? grad_residual_rows.const_data_ptr() : nullptr,
+                              has_grad_residual ? grad_residual_rows.stride(0) : 0,
+                              grad_x.mutable_data_ptr(),
+                              grad_weight.mutable_data_ptr(),
+                              grad_bias.defined() ? grad_bias.mutable_data_ptr() : nullptr,
+                              x_rows.size(0),
+                              x_rows.size(1),
+                              eps};
+  run(problem);
+  return {grad_x, grad_weight, grad_bias};
+}
+
+// Mixed precision: weight is float32 while x is 16-bit, else weight has x's dtype.
+#define FUSED_DISPATCH_NORM_TYPES(X_TYPE, WEIGHT_TYPE, NAME, ...)                      \
+  FUSED_DISPATCH_FLOATING_TYPES(X_TYPE, NAME, [&] {                                    \
+    if (WEIGHT_TYPE == at::kFloat && !std::is_same_v<scalar_t, float>) {               \
+      using weight_t = float;                                                          \
+      __VA_ARGS__();                                                                   \
+    } else {                                                                           \
+      using weight_t = scalar_t;                                                       \
+      __VA_ARGS__();                                                                   \
+    }                                                                                  \
+  })
+
+}  // namespace fused_ops

@@ -1,0 +1,23 @@
+#include "rms_norm.h"
+
+#include "../common/cpu_norm.h"
+
+namespace fused_ops {
+
+at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  return std::get<0>(norm_forward(x, nullptr, weight, std::nullopt, eps, [&](const NormForwardProblem& problem) {
+    cpu::norm_forward_cpu<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type());
+  }));
+}
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
+                                                         const at::Tensor& weight, double eps,
+                                                         const std::optional<at::Tensor>& grad_residual) {
+  auto [grad_x, grad_weight, grad_bias] =
+      norm_backward(NormKind::RMS, grad, x, weight, grad_residual, eps, [&](const NormBackwardProblem& problem) {
+        cpu::norm_backward_cpu<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type());
+      });
+  return {grad_x, grad_weight};
+}
+
+}  // namespace fused_ops

@@ -1,0 +1,439 @@
+"""rms_norm, add_rms_norm, layer_norm and add_layer_norm on every dtype and device: values, mixed
+precision, layouts, long rows, gradients, determinism, modules, modes and bad input."""
+import warnings
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import fused_ops
+from conftest import TOLERANCE, assert_close_to_reference
+from op_specs import as_outputs, layer_norm_reference, rms_norm_reference
+
+
+def random(shape, dtype, device):
+    return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
+
+
+@dataclass
+class NormSpec:
+    layer: bool  # LayerNorm (else RMSNorm)
+    residual: bool
+    bias: bool = False
+
+    @property
+    def eps(self):
+        return 1e-5 if self.layer else 1e-6
+
+    def inputs(self, shape, dtype, device, weight_dtype=None):
+        """x, [residual], weight, [bias]; weight (and bias) of weight_dtype (default: x's dtype)."""
+        weight_dtype = weight_dtype or dtype
+        hidden = shape[-1]
+        tensors = [random(shape, dtype, device)]
+        if self.residual:
+            tensors.append(random(shape, dtype, device))
+        tensors.append((1 + 0.5 * torch.randn(hidden, device=device)).to(weight_dtype))
+        if self.bias:
+            tensors.append(random((hidden,), weight_dtype, device))
+        return tensors
+
+    def split(self, tensors):
+        tensors = list(tensors)
+        x = tensors.pop(0)
+        residual = tensors.pop(0) if self.residual else None
+        weight = tensors.pop(0)
+        bias = tensors.pop(0) if self.bias else None
+        return x, residual, weight, bias
+
+    def fused(self, *tensors, eps=None):
+        """Outputs of the fused op as a tuple."""
+        x, residual, weight, bias = self.split(tensors)
+        eps = self.eps if eps is None else eps
+        if self.layer:
+            result = (fused_ops.add_layer_norm(x, residual, weight, bias, eps) if self.residual
+                      else fused_ops.layer_norm(x, weight, bias, eps))
+        else:
+            result = fused_ops.add_rms_norm(x, residual, weight, eps) if self.residual \
+                else fused_ops.rms_norm(x, weight, eps)
+        return as_outputs(result)
+
+    def reference(self, *tensors, eps=None):
+        """The eager composite in float64; h = x + residual rounded to x's dtype first, as eager stores it."""
+        x, residual, weight, bias = self.split(tensors)
+        eps = self.eps if eps is None else eps
+        h = x + residual if self.residual else x
+        h64 = h if h.dtype == torch.float64 else h.double()
+        weight, bias = weight.double(), None if bias is None else bias.double()
+        out = layer_norm_reference(h64, weight, bias, eps) if self.layer else rms_norm_reference(h64, weight, eps)
+        return (out, h64) if self.residual else (out,)
+
+    @property
+    def op(self):
+        name = ("add_" if self.residual else "") + ("layer_norm" if self.layer else "rms_norm")
+        return getattr(torch.ops.fused, name).default
+
+    def op_arguments(self, tensors):
+        x, residual, weight, bias = self.split(tensors)
+        args = [x] + ([residual] if self.residual else []) + [weight]
+        if self.layer:
+            args.append(bias)
+        return (*args, self.eps)
+
+
+SPECS = {
+    "rms_norm": NormSpec(layer=False, residual=False),
+    "add_rms_norm": NormSpec(layer=False, residual=True),
+    "layer_norm": NormSpec(layer=True, residual=False, bias=True),
+    "layer_norm_no_bias": NormSpec(layer=True, residual=False),
+    "add_layer_norm": NormSpec(layer=True, residual=True, bias=True),
+    "add_layer_norm_no_bias": NormSpec(layer=True, residual=True),
+}
+# A reduction over the row, then one rounding: a few ulp of the dtype.
+SCALE = 4.0
+
+
+@pytest.fixture(params=list(SPECS))
+def spec(request):
+    return SPECS[request.param]
+
+
+def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
+    expected = spec.reference(*inputs)
+    assert len(outs) == len(expected)
+    for out, want in zip(outs, expected):
+        assert out.dtype == inputs[0].dtype and out.shape == inputs[0].shape and out.is_contiguous()
+        assert_close_to_reference(out, want, dtype, scale)
+    if spec.residual:  # residual_out is exactly what eager stores for x + residual
+        assert torch.equal(outs[1], inputs[0] + inputs[1])
+
+
+@pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (3, 5, 7), (64, 129), (16, 256), (2, 8192)])
+def test_values(spec, device, dtype, shape):
+    inputs = spec.inputs(shape, dtype, device)
+    assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(5, 24), (7, 33), (3, 8192)])
+def test_float32_weight_with_16_bit_x(spec, device, dtype, shape):
+    """Mixed precision (as apex): float32 weight and bias, 16-bit x; the result keeps x's dtype."""
+    inputs = spec.inputs(shape, dtype, device, weight_dtype=torch.float32)
+    outs = spec.fused(*inputs)
+    assert_outputs_close(spec, outs, inputs, dtype)
+    leaves = [t.requires_grad_(True) for t in inputs]
+    grads = torch.autograd.grad(spec.fused(*leaves), leaves, [random(shape, dtype, device) for _ in outs])
+    for grad, tensor in zip(grads, leaves):
+        assert grad.dtype == tensor.dtype and grad.shape == tensor.shape
+
+
+@pytest.mark.parametrize("hidden", [20000, 32768, 65536 + 8, 1 << 17])
+def test_long_rows(spec, device, hidden):
+    """Rows longer than a block keeps in registers (the long-row kernels on CUDA), aligned or not."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    inputs = [t.requires_grad_(True) for t in spec.inputs((3, hidden), dtype, device)]
+    outs = spec.fused(*inputs)
+    assert_outputs_close(spec, [o.detach() for o in outs], [t.detach() for t in inputs], dtype)
+    grad_outs = [random((3, hidden), dtype, device) for _ in outs]
+    grads = torch.autograd.grad(outs, inputs, grad_outs)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    expected = torch.autograd.grad(spec.reference(*inputs64), inputs64, [g.double() for g in grad_outs])
+    for grad, want in zip(grads, expected):
+        assert_close_to_reference(grad, want, dtype, SCALE * 4)
+
+
+def test_empty_rows_and_columns(spec, device, dtype):
+    for shape in [(0, 8), (4, 0), (2, 0, 3)]:
+        inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+        outs = spec.fused(*inputs)
+        assert all(out.shape == shape for out in outs)
+        grads = torch.autograd.grad([o.sum() for o in outs], inputs)
+        for grad, tensor in zip(grads, inputs):
+            assert grad.shape == tensor.shape
+            if tensor.dim() == 1:  # sums over no rows
+                assert torch.count_nonzero(grad) == 0
+
+
+@pytest.mark.parametrize("layout", ["transposed", "row_stride", "unaligned", "leading_dims", "strided_weight"])
+def test_strided_inputs(spec, device, dtype, layout):
+    def view(base):
+        if layout == "transposed":
+            return base.t()  # [96, 40]: column stride 40
+        if layout == "row_stride":
+            return base[:, :64]
+        if layout == "unaligned":
+            return base.view(-1)[1:1 + 33 * 64].view(33, 64)
+        if layout == "leading_dims":
+            return base.view(8, 5, 96)[::2, :, 16:80]
+        return base
+    inputs = spec.inputs((40, 96), dtype, device)
+    x = view(random((40, 96), dtype, device))
+    tensors = [x] + ([view(random((40, 96), dtype, device))] if spec.residual else [])
+    hidden = x.shape[-1]
+    for parameter in inputs[1 + spec.residual:]:
+        values = random((2 * hidden,), parameter.dtype, device)
+        tensors.append(values[::2] if layout == "strided_weight" else values[:hidden].contiguous())
+    leaves = [t.detach().requires_grad_(True) for t in tensors]
+    outs = spec.fused(*leaves)
+    assert_outputs_close(spec, [o.detach() for o in outs], tensors, dtype)
+    grad_outs = [random(x.shape, dtype, device) for _ in outs]
+    grads = torch.autograd.grad(outs, leaves, grad_outs)
+    inputs64 = [t.double().requires_grad_(True) for t in tensors]
+    expected = torch.autograd.grad(spec.reference(*inputs64), inputs64, [g.double() for g in grad_outs])
+    for grad, want, leaf in zip(grads, expected, leaves):
+        rows = x.numel() // hidden
+        assert_close_to_reference(grad, want, dtype, SCALE * (rows ** 0.5 if leaf.dim() == 1 else 2))
+
+
+def test_nan_and_inf_follow_eager(spec, device):
+    """A NaN or Inf poisons its own row (as in eager), never another row."""
+    shape = (4, 16)
+    inputs = spec.inputs(shape, torch.float32, device)
+    inputs[0][1, 3] = float("nan")
+    inputs[0][2, 5] = float("inf")
+    outs = spec.fused(*inputs)
+    expected = spec.reference(*inputs)
+    for out, want in zip(outs, expected):
+        torch.testing.assert_close(out.double(), want, equal_nan=True, rtol=1e-5, atol=1e-5)
+    assert torch.isfinite(outs[0][[0, 3]]).all() and not torch.isfinite(outs[0][1]).all()
+
+
+@pytest.mark.parametrize("shape", [(33, 17), (2, 3, 64), (129,), (300, 1024)])
+@pytest.mark.parametrize("used", ["both", "out", "residual_out"])
+def test_gradients(spec, device, dtype, shape, used):
+    if not spec.residual and used != "both":
+        pytest.skip("one output")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+    outs = spec.fused(*inputs)
+    chosen = {"both": [0, 1][:len(outs)], "out": [0], "residual_out": [1]}[used]
+    grad_outs = [random(shape, dtype, device) for _ in chosen]
+    grads = torch.autograd.grad([outs[i] for i in chosen], inputs, grad_outs, allow_unused=True)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    reference = spec.reference(*inputs64)
+    expected = torch.autograd.grad([reference[i] for i in chosen], inputs64, [g.double() for g in grad_outs],
+                                   allow_unused=True)
+    rows = inputs[0].numel() // shape[-1]
+    for index, (grad, want, tensor) in enumerate(zip(grads, expected, inputs)):
+        is_parameter = index > spec.residual  # weight, bias
+        if want is None or (used == "residual_out" and is_parameter):
+            assert grad is None or torch.count_nonzero(grad) == 0  # weight and bias do not reach h
+            continue
+        assert grad.shape == tensor.shape and grad.dtype == dtype
+        # weight and bias gradients are sums over the rows
+        assert_close_to_reference(grad, want, dtype, SCALE * (rows ** 0.5 if is_parameter else 2))
+
+
+def test_gradcheck_and_gradgradcheck(spec, device):
+    inputs = [t.requires_grad_(True) for t in spec.inputs((3, 6), torch.float64, device)]
+    assert torch.autograd.gradcheck(lambda *t: spec.fused(*t), inputs)
+    assert torch.autograd.gradgradcheck(lambda *t: spec.fused(*t), inputs)
+
+
+@pytest.mark.parametrize("with_grad_residual", [False, True])
+def test_backward_ops_gradcheck(device, with_grad_residual):
+    def tensor(*shape):
+        return torch.randn(*shape, dtype=torch.float64, device=device, requires_grad=True)
+    grad, x, weight, grad_residual = tensor(4, 10), tensor(4, 10), tensor(10), tensor(4, 10)
+    extra = (grad_residual,) if with_grad_residual else ()
+    assert torch.autograd.gradcheck(
+        lambda g, a, w, *r: torch.ops.fused.rms_norm_backward(g, a, w, 1e-6, *r), (grad, x, weight, *extra))
+    assert torch.autograd.gradcheck(
+        lambda g, a, w, *r: torch.ops.fused.layer_norm_backward(g, a, w, 1e-5, *r), (grad, x, weight, *extra))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck(spec, device, dtype, requires_grad):
+    inputs = [t.requires_grad_(requires_grad) for t in spec.inputs((5, 24), dtype, device)]
+    opcheck(spec.op, spec.op_arguments(inputs))
+    x, residual, weight, _ = spec.split([t.detach() for t in inputs])
+    h = x + residual if spec.residual else x
+    backward = torch.ops.fused.layer_norm_backward.default if spec.layer else torch.ops.fused.rms_norm_backward.default
+    grad = random((5, 24), dtype, device)
+    grad_residual = random((5, 24), dtype, device) if spec.residual else None
+    arguments = [t.requires_grad_(requires_grad) if t is not None else None for t in (grad, h, weight)]
+    opcheck(backward, (*arguments, spec.eps, grad_residual))
+
+
+@pytest.mark.parametrize("rows", [1000, 20000])
+def test_weight_gradient_is_deterministic(spec, device, rows):
+    """Weight and bias gradients are bit-identical run to run (no atomics in the sums)."""
+    inputs = [t.requires_grad_(True) for t in spec.inputs((rows, 256), torch.bfloat16, device)]
+    grad_outs = [random((rows, 256), torch.bfloat16, device) for _ in spec.fused(*inputs)]
+    parameters = [t for t in inputs if t.dim() == 1]
+    first = torch.autograd.grad(spec.fused(*inputs), parameters, grad_outs)
+    for _ in range(3):
+        again = torch.autograd.grad(spec.fused(*inputs), parameters, grad_outs)
+        for a, b in zip(first, again):
+            assert torch.equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules.
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_modules_are_drop_in_for_torch(device, affine):
+    x = torch.randn(6, 5, 32, device=device)
+    pairs = [
+        (fused_ops.nn.RMSNorm(32, elementwise_affine=affine), torch.nn.RMSNorm(32, elementwise_affine=affine)),
+        (fused_ops.nn.RMSNorm([32], eps=1e-3, elementwise_affine=affine),
+         torch.nn.RMSNorm([32], eps=1e-3, elementwise_affine=affine)),
+        (fused_ops.nn.LayerNorm(32, elementwise_affine=affine), torch.nn.LayerNorm(32, elementwise_affine=affine)),
+        (fused_ops.nn.LayerNorm(32, bias=False), torch.nn.LayerNorm(32, bias=False)),
+    ]
+    for fused, eager in pairs:
+        eager = eager.to(device)
+        with torch.no_grad():
+            for parameter in eager.parameters():
+                parameter.normal_()
+        fused = fused.to(device)
+        fused.load_state_dict(eager.state_dict())  # same parameter names
+        torch.testing.assert_close(fused(x), eager(x), rtol=1e-5, atol=1e-5)
+
+
+def test_residual_modules(device):
+    x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
+    rms = fused_ops.nn.AddRMSNorm(32, eps=1e-6).to(device)
+    out, h = rms(x, residual)
+    torch.testing.assert_close(h, x + residual)
+    torch.testing.assert_close(out, F.rms_norm(x + residual, (32,), rms.weight, 1e-6), rtol=1e-5, atol=1e-5)
+    layer = fused_ops.nn.AddLayerNorm(32).to(device)
+    out, h = layer(x, residual)
+    torch.testing.assert_close(out, F.layer_norm(x + residual, (32,), layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+
+
+def test_modules_reject_more_than_the_last_dim():
+    with pytest.raises(ValueError, match="normalises over the last dim only"):
+        fused_ops.nn.RMSNorm([4, 32])
+    with pytest.raises(ValueError, match="normalises over the last dim only"):
+        fused_ops.nn.LayerNorm((4, 32))
+
+
+class TransformerBlockNorms(torch.nn.Module):
+    """Every norm module in one model, for the mode tests."""
+
+    def __init__(self, features=32):
+        super().__init__()
+        self.rms = fused_ops.nn.RMSNorm(features)
+        self.add_rms = fused_ops.nn.AddRMSNorm(features)
+        self.layer = fused_ops.nn.LayerNorm(features)
+        self.add_layer = fused_ops.nn.AddLayerNorm(features)
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.normal_()
+
+    def forward(self, x, residual):
+        out, h = self.add_rms(x, residual)
+        out2, h2 = self.add_layer(self.rms(out), h)
+        return self.layer(out2) + h2
+
+
+def block_composite(model, x, residual):
+    h = x + residual
+    out = F.rms_norm(h, (32,), model.add_rms.weight, torch.finfo(x.dtype).eps)
+    out = F.rms_norm(out, (32,), model.rms.weight, torch.finfo(x.dtype).eps)
+    h2 = out + h
+    out2 = F.layer_norm(h2, (32,), model.add_layer.weight, model.add_layer.bias)
+    return F.layer_norm(out2, (32,), model.layer.weight, model.layer.bias) + h2
+
+
+@pytest.mark.parametrize("kind", ["script", "trace"])
+def test_torchscript_save_load(device, kind, tmp_path):
+    model = TransformerBlockNorms().to(device)
+    x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        scripted = torch.jit.script(model) if kind == "script" else torch.jit.trace(model, (x, residual))
+        scripted.save(str(tmp_path / "model.pt"))
+        loaded = torch.jit.load(str(tmp_path / "model.pt"), map_location=device)
+    x.requires_grad_(True)
+    out = loaded(x, residual)
+    expected = block_composite(model, x, residual)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.autograd.grad(out.sum(), x)[0], torch.autograd.grad(expected.sum(), x)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_compile_fullgraph_dynamic_forward_and_backward(device):
+    torch._dynamo.reset()
+    model = TransformerBlockNorms().to(device)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for rows in (6, 11):
+        x = torch.randn(rows, 32, device=device, requires_grad=True)
+        residual = torch.randn(rows, 32, device=device, requires_grad=True)
+        out = compiled(x, residual)
+        expected = block_composite(model, x, residual)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+        leaves = (x, residual, model.add_rms.weight, model.add_layer.bias, model.layer.weight)
+        for grad, want in zip(torch.autograd.grad(out.sum(), leaves), torch.autograd.grad(expected.sum(), leaves)):
+            torch.testing.assert_close(grad, want, rtol=1e-3, atol=1e-3)
+
+
+def test_export_keeps_one_node_each(device):
+    model = TransformerBlockNorms().to(device)
+    x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
+    rows = torch.export.Dim("rows")
+    exported = torch.export.export(model, (x, residual), dynamic_shapes=({0: rows}, {0: rows}))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    for op in (torch.ops.fused.rms_norm.default, torch.ops.fused.add_rms_norm.default,
+               torch.ops.fused.layer_norm.default, torch.ops.fused.add_layer_norm.default):
+        assert targets.count(op) == 1
+    x2, residual2 = torch.randn(9, 32, device=device), torch.randn(9, 32, device=device)
+    torch.testing.assert_close(exported.module()(x2, residual2), block_composite(model, x2, residual2),
+                               rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input.
+
+def bad_norm_inputs(device):
+    """(call, message fragment) for each bad input the norm ops reject."""
+    f32 = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
+    bf16 = lambda *shape: torch.randn(*shape, device=device, dtype=torch.bfloat16)  # noqa: E731
+    cases = [
+        (lambda: torch.ops.fused.rms_norm(f32(4, 8), f32(7)),
+         "fused::rms_norm: expected weight to be 1-D of size x.size(-1) = 8, but got shape [7]"),
+        (lambda: torch.ops.fused.rms_norm(f32(4, 8), f32(8).double()),
+         "fused::rms_norm: expected weight to have x's dtype (Float) or float32 for float16/bfloat16 x, but got Double"),
+        (lambda: torch.ops.fused.rms_norm(bf16(4, 8), f32(8).half()),
+         "fused::rms_norm: expected weight to have x's dtype (BFloat16) or float32 for float16/bfloat16 x, but got Half"),
+        (lambda: torch.ops.fused.rms_norm(f32(4, 8), f32(8), -1e-6),
+         "fused::rms_norm: expected eps >= 0, but got -1e-06"),
+        (lambda: torch.ops.fused.rms_norm(torch.tensor(1.0, device=device), f32(1)),
+         "fused::rms_norm: expected x to have at least one dim (normalised over the last), but got a 0-d tensor"),
+        (lambda: torch.ops.fused.rms_norm(torch.ones(4, 8, dtype=torch.int32, device=device), f32(8)),
+         "fused::rms_norm: expected x to be float64, float32, float16 or bfloat16, but got Int"),
+        (lambda: torch.ops.fused.add_rms_norm(f32(4, 8), f32(4, 7), f32(8)),
+         "fused::add_rms_norm: expected residual to have the shape of x [4, 8], but got [4, 7]"),
+        (lambda: torch.ops.fused.add_rms_norm(f32(4, 8), f32(8), f32(8)),
+         "fused::add_rms_norm: expected residual to have the shape of x [4, 8], but got [8]"),
+        (lambda: torch.ops.fused.add_rms_norm(bf16(4, 8), f32(4, 8), f32(8)),
+         "fused::add_rms_norm: expected residual to have the same dtype as x (BFloat16), but got Float"),
+        (lambda: torch.ops.fused.layer_norm(f32(4, 8), f32(8), f32(9)),
+         "fused::layer_norm: expected bias to be 1-D of size x.size(-1) = 8, but got shape [9]"),
+        (lambda: torch.ops.fused.add_layer_norm(bf16(4, 8), bf16(4, 8), f32(8), bf16(8)),
+         "fused::add_layer_norm: expected bias to have the same dtype as weight (Float), but got BFloat16"),
+        (lambda: torch.ops.fused.add_layer_norm(f32(4, 8), f32(4, 8), f32(8), f32(8), float("nan")),
+         "fused::add_layer_norm: expected eps >= 0, but got nan"),
+        (lambda: torch.ops.fused.rms_norm_backward(f32(4, 7), f32(4, 8), f32(8), 1e-6),
+         "fused::rms_norm_backward: expected grad to have the shape of x [4, 8], but got [4, 7]"),
+        (lambda: torch.ops.fused.layer_norm_backward(f32(4, 8), f32(4, 8), f32(8), 1e-5, f32(4, 8).double()),
+         "fused::layer_norm_backward: expected grad_residual to have the same dtype as x (Float), but got Double"),
+    ]
+    if device == "cuda":
+        cases.append((lambda: torch.ops.fused.rms_norm(f32(4, 8), torch.randn(8)),
+                      "fused::rms_norm: expected weight to be on the same device as x (cuda:0), but got cpu"))
+        cases.append((lambda: torch.ops.fused.add_layer_norm(f32(4, 8), torch.randn(4, 8), f32(8), f32(8)),
+                      "fused::add_layer_norm: expected residual to be on the same device as x (cuda:0), but got cpu"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(16))
+def test_bad_inputs(device, case):
+    cases = bad_norm_inputs(device)
+    if case >= len(cases):
+        pytest.skip("case exists on cuda only")
+    call, message = cases[case]
+    with pytest.raises(RuntimeError) as error:
+        call()
+    assert message in str(error.value)
