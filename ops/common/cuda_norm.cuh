@@ -1,13 +1,15 @@
 #pragma once
-// CUDA loops for the norms (see norm.h). One block normalises one row at a time and walks rows
-// with a stride of the grid (grid sized from the SM count and the kernel's occupancy).
+// CUDA loops for the norms (see norm.h).
 //   cached path (rows of up to kMaxCachedPacks packs): each thread keeps its packs of the row in
-//     registers, as raw 16-bit or 32-bit values, so x (and grad) are read from memory once. The
-//     backward accumulates grad·n (and grad) for the thread's columns over all rows the block
-//     visits, writes one partial row per block, and column_sum_kernel adds the partial rows in
-//     block order: deterministic weight and bias gradients for the cost of one small pass.
-//   long-row path (longer rows): passes over the row in memory (the block's row stays in L2), and
-//     the backward stores each row's mean and rstd so weight_grad_kernel sums grad·n by columns.
+//     registers, as raw 16-bit or 32-bit values, so x (and grad) are read from memory once.
+//     Forward: one block per row (measured faster than a persistent grid, as for relu_add).
+//     Backward: a persistent grid; each block adds grad·n (and grad) for its rows into per-column
+//     sums in shared memory, writes them as one partial row, and column_sum_kernel adds the
+//     partial rows in block order: deterministic weight and bias gradients for the cost of one
+//     small pass (none when one block covers all rows).
+//   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
+//     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
+//     and rstd so weight_grad_kernel sums grad·n by columns.
 // A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
 // element.
 #include <ATen/OpMathType.h>
@@ -16,6 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -29,6 +32,7 @@ namespace cuda {
 constexpr int kNormMaxThreads = 512;
 constexpr int kNormMaxPacksPerThread = 4;
 constexpr int64_t kMaxCachedPacks = int64_t(kNormMaxThreads) * kNormMaxPacksPerThread;
+constexpr int kLongRowThreads = 1024;
 
 template <typename T, int kWidth>
 struct alignas(sizeof(T) * kWidth) Pack {
@@ -149,8 +153,10 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(No
   }
 }
 
-// grad_x for the block's rows; the block's sums of grad·n and grad for its columns go to
-// weight_partials[blockIdx.x] and bias_partials[blockIdx.x] ([gridDim.x, columns], float).
+// grad_x for the block's rows. The block's sums of grad·n (and grad) per column live in shared
+// memory ([kWidth][packs per row] per sum, so a warp's accesses are consecutive; each thread only
+// touches its own columns) and end as row blockIdx.x of weight_partials / bias_partials
+// ([gridDim.x, columns], opmath); a grid of one block writes grad_weight / grad_bias directly.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
@@ -159,9 +165,20 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32 * 3];
+  extern __shared__ __align__(16) unsigned char norm_shared_bytes[];
   const int64_t packs_per_row = p.columns / kWidth;
-  acc_t weight_sums[kPacks][kWidth] = {};
-  acc_t bias_sums[kPacks][kWidth] = {};
+  acc_t* weight_sums = reinterpret_cast<acc_t*>(norm_shared_bytes);
+  acc_t* bias_sums = weight_sums + p.columns;  // Layer only
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+    if (pack >= packs_per_row) continue;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      weight_sums[j * packs_per_row + pack] = 0;
+      if constexpr (kKind == NormKind::Layer) bias_sums[j * packs_per_row + pack] = 0;
+    }
+  }
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack x[kPacks];
     XPack grad[kPacks];
@@ -221,8 +238,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
         acc_t value = rstd * (g * static_cast<acc_t>(weight.values[j]) - mean_gw - n * mean_gw_n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
-        weight_sums[k][j] += g * n;
-        if constexpr (kKind == NormKind::Layer) bias_sums[k][j] += g;
+        weight_sums[j * packs_per_row + pack] += g * n;
+        if constexpr (kKind == NormKind::Layer) bias_sums[j * packs_per_row + pack] += g;
       }
       store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
     }
@@ -234,36 +251,51 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       const int64_t column = pack * kWidth + j;
-      weight_partials[blockIdx.x * p.columns + column] = weight_sums[k][j];
-      if constexpr (kKind == NormKind::Layer) bias_partials[blockIdx.x * p.columns + column] = bias_sums[k][j];
+      const acc_t weight_sum = weight_sums[j * packs_per_row + pack];
+      const acc_t bias_sum = kKind == NormKind::Layer ? bias_sums[j * packs_per_row + pack] : acc_t(0);
+      if (gridDim.x == 1) {
+        static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
+        if constexpr (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
+      } else {
+        weight_partials[blockIdx.x * p.columns + column] = weight_sum;
+        if constexpr (kKind == NormKind::Layer) bias_partials[blockIdx.x * p.columns + column] = bias_sum;
+      }
     }
   }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Long-row path: one element per thread per step, rows read more than once (from L2).
+// Long-row path: each thread steps through the row's packs; rows are read more than once (from L2).
 
-template <typename scalar_t, typename weight_t, NormKind kKind>
-__global__ void __launch_bounds__(kNormMaxThreads) norm_forward_long_row_kernel(NormForwardProblem p) {
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+__global__ void __launch_bounds__(kLongRowThreads) norm_forward_long_row_kernel(NormForwardProblem p) {
   using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32];
-  const auto* weight = static_cast<const weight_t*>(p.weight);
-  const auto* bias = static_cast<const weight_t*>(p.bias);
+  const int64_t packs_per_row = p.columns / kWidth;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const auto* x = static_cast<const scalar_t*>(p.x) + row * p.x_row_stride;
     // With a residual, h is written to residual_out in the first pass; later passes read it back
     // (each thread reads only what it wrote).
-    const scalar_t* h = p.residual ? static_cast<const scalar_t*>(p.residual_out) + row * p.columns : x;
+    const void* h = p.residual ? p.residual_out : p.x;
+    const int64_t h_offset = p.residual ? row * p.columns : row * p.x_row_stride;
     acc_t sum[1] = {0};
-    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
-      acc_t value = static_cast<acc_t>(x[column]);
+    for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+      XPack values = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
       if (p.residual) {
-        const scalar_t rounded = static_cast<scalar_t>(
-            value + static_cast<acc_t>(static_cast<const scalar_t*>(p.residual)[row * p.residual_row_stride + column]));
-        static_cast<scalar_t*>(p.residual_out)[row * p.columns + column] = rounded;
-        value = static_cast<acc_t>(rounded);
+        const XPack residual = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          values.values[j] =
+              static_cast<scalar_t>(static_cast<acc_t>(values.values[j]) + static_cast<acc_t>(residual.values[j]));
+        }
+        store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, values);
       }
-      sum[0] += kKind == NormKind::Layer ? value : value * value;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t value = static_cast<acc_t>(values.values[j]);
+        sum[0] += kKind == NormKind::Layer ? value : value * value;
+      }
     }
     block_sum(sum, shared);
     acc_t mean = 0;
@@ -271,60 +303,94 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_long_row_kernel(
     if constexpr (kKind == NormKind::Layer) {
       mean = sum[0] / p.columns;
       acc_t squares[1] = {0};
-      for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
-        const acc_t centered = static_cast<acc_t>(h[column]) - mean;
-        squares[0] += centered * centered;
+      for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+        const XPack values = load_pack<scalar_t, kWidth>(h, h_offset, pack);
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          const acc_t centered = static_cast<acc_t>(values.values[j]) - mean;
+          squares[0] += centered * centered;
+        }
       }
       block_sum(squares, shared);
       variance = squares[0] / p.columns;
     }
     const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
-    auto* out = static_cast<scalar_t*>(p.out) + row * p.columns;
-    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
-      acc_t value = (static_cast<acc_t>(h[column]) - mean) * rstd * static_cast<acc_t>(weight[column]);
-      if (bias) value += static_cast<acc_t>(bias[column]);
-      out[column] = static_cast<scalar_t>(value);
+    for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+      const XPack values = load_pack<scalar_t, kWidth>(h, h_offset, pack);
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      WPack bias;
+      if (p.bias) bias = load_pack<weight_t, kWidth>(p.bias, 0, pack);
+      XPack out;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        acc_t value = (static_cast<acc_t>(values.values[j]) - mean) * rstd * static_cast<acc_t>(weight.values[j]);
+        if (p.bias) value += static_cast<acc_t>(bias.values[j]);
+        out.values[j] = static_cast<scalar_t>(value);
+      }
+      store_pack<scalar_t, kWidth>(p.out, row * p.columns, pack, out);
     }
   }
 }
 
 // grad_x per row; each row's mean and rstd go to `statistics` ([rows, 2]) for weight_grad_kernel.
-template <typename scalar_t, typename weight_t, NormKind kKind>
-__global__ void __launch_bounds__(kNormMaxThreads)
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+__global__ void __launch_bounds__(kLongRowThreads)
     norm_backward_long_row_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* statistics) {
   using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32 * 3];
-  const auto* weight = static_cast<const weight_t*>(p.weight);
+  const int64_t packs_per_row = p.columns / kWidth;
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
-    const auto* x = static_cast<const scalar_t*>(p.x) + row * p.x_row_stride;
-    const auto* grad = static_cast<const scalar_t*>(p.grad) + row * p.grad_row_stride;
+    const int64_t x_offset = row * p.x_row_stride;
+    const int64_t grad_offset = row * p.grad_row_stride;
     acc_t mean = 0;
     if constexpr (kKind == NormKind::Layer) {
       acc_t sum[1] = {0};
-      for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) sum[0] += static_cast<acc_t>(x[column]);
+      for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+        const XPack x = load_pack<scalar_t, kWidth>(p.x, x_offset, pack);
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x.values[j]);
+      }
       block_sum(sum, shared);
       mean = sum[0] / p.columns;
     }
     acc_t sums[3] = {0, 0, 0};
-    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
-      const acc_t centered = static_cast<acc_t>(x[column]) - mean;
-      const acc_t gw = static_cast<acc_t>(grad[column]) * static_cast<acc_t>(weight[column]);
-      sums[0] += centered * centered;
-      sums[1] += gw * centered;
-      sums[2] += gw;
+    for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+      const XPack x = load_pack<scalar_t, kWidth>(p.x, x_offset, pack);
+      const XPack grad = load_pack<scalar_t, kWidth>(p.grad, grad_offset, pack);
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t centered = static_cast<acc_t>(x.values[j]) - mean;
+        const acc_t gw = static_cast<acc_t>(grad.values[j]) * static_cast<acc_t>(weight.values[j]);
+        sums[0] += centered * centered;
+        sums[1] += gw * centered;
+        sums[2] += gw;
+      }
     }
     block_sum(sums, shared);
     const acc_t rstd = reciprocal_sqrt(sums[0] / p.columns + static_cast<acc_t>(p.eps));
     const acc_t mean_gw_n = sums[1] * rstd / p.columns;
     const acc_t mean_gw = kKind == NormKind::Layer ? sums[2] / p.columns : acc_t(0);
-    auto* grad_x = static_cast<scalar_t*>(p.grad_x) + row * p.columns;
-    const auto* grad_residual =
-        p.grad_residual ? static_cast<const scalar_t*>(p.grad_residual) + row * p.grad_residual_row_stride : nullptr;
-    for (int64_t column = threadIdx.x; column < p.columns; column += blockDim.x) {
-      const acc_t n = (static_cast<acc_t>(x[column]) - mean) * rstd;
-      acc_t value = rstd * (static_cast<acc_t>(grad[column]) * static_cast<acc_t>(weight[column]) - mean_gw - n * mean_gw_n);
-      if (grad_residual) value += static_cast<acc_t>(grad_residual[column]);
-      grad_x[column] = static_cast<scalar_t>(value);
+    for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
+      const XPack x = load_pack<scalar_t, kWidth>(p.x, x_offset, pack);
+      const XPack grad = load_pack<scalar_t, kWidth>(p.grad, grad_offset, pack);
+      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      XPack grad_residual;
+      if (p.grad_residual) {
+        grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+      }
+      XPack grad_x;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        const acc_t n = (static_cast<acc_t>(x.values[j]) - mean) * rstd;
+        acc_t value = rstd * (static_cast<acc_t>(grad.values[j]) * static_cast<acc_t>(weight.values[j]) - mean_gw -
+                              n * mean_gw_n);
+        if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
+        grad_x.values[j] = static_cast<scalar_t>(value);
+      }
+      store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
     }
     if (threadIdx.x == 0) {
       statistics[2 * row] = mean;
@@ -334,7 +400,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 }
 
 constexpr int kColumnsPerBlock = 32;
-constexpr int kRowGroups = 8;  // blockDim = (kColumnsPerBlock, kRowGroups)
+constexpr int kRowGroups = 16;  // blockDim = (kColumnsPerBlock, kRowGroups)
 
 // Long-row path: weight (and bias) gradients by columns, from grad, h and the row statistics.
 // Each thread sums every kRowGroups-th row in order, then the groups are added in order.
@@ -365,20 +431,24 @@ __global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<
   }
 }
 
-// Cached path: output[column] = Σ_part partials[part, column], parts added in a fixed order.
+// Cached path: grad_weight[column] = Σ_part weight_partials[part, column] (blockIdx.y = 0) and the
+// same for bias (blockIdx.y = 1, bias partials follow the weight partials); parts added in a
+// fixed order.
 template <typename acc_t, typename weight_t>
-__global__ void column_sum_kernel(const acc_t* partials, int64_t parts, int64_t columns, weight_t* output) {
+__global__ void column_sum_kernel(const acc_t* partials, int64_t parts, int64_t columns, weight_t* grad_weight,
+                                  weight_t* grad_bias) {
   __shared__ acc_t shared[kRowGroups][kColumnsPerBlock];
   const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
+  const acc_t* matrix = partials + blockIdx.y * parts * columns;
   acc_t sum = 0;
   if (column < columns) {
-    for (int64_t part = threadIdx.y; part < parts; part += kRowGroups) sum += partials[part * columns + column];
+    for (int64_t part = threadIdx.y; part < parts; part += kRowGroups) sum += matrix[part * columns + column];
   }
   shared[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && column < columns) {
     for (int group = 1; group < kRowGroups; ++group) sum += shared[group][threadIdx.x];
-    output[column] = static_cast<weight_t>(sum);
+    (blockIdx.y == 0 ? grad_weight : grad_bias)[column] = static_cast<weight_t>(sum);
   }
 }
 
@@ -413,29 +483,37 @@ inline CachedConfig cached_config(int64_t packs, int max_threads) {
 // Resident blocks of `kernel` on the current GPU (SMs × blocks per SM), cached per (kernel,
 // threads, device): the queries cost microseconds per call.
 template <typename Kernel>
-int64_t resident_blocks(Kernel kernel, int threads) {
+int64_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes) {
   static std::mutex mutex;
-  static std::map<std::tuple<const void*, int, int>, int64_t> cache;
+  static std::map<std::tuple<const void*, int, size_t, int>, int64_t> cache;
   const int device = c10::cuda::current_device();
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, device);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), threads, shared_bytes, device);
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   int blocks_per_sm = 0;
   int sms = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, 0));
+  if (shared_bytes > 48 * 1024) {  // opt in to more than the default dynamic shared memory
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  }
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes));
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   return cache.emplace(key, int64_t(std::max(1, blocks_per_sm)) * sms).first->second;
 }
 
-// Blocks for `rows` rows: as many as fit on the GPU at once, at most max_blocks_per_sm per SM
-// and one per row.
+// Persistent grid for `rows` rows: as many blocks as fit on the GPU at once, at most
+// max_blocks_per_sm per SM and one per row.
 template <typename Kernel>
-unsigned int norm_grid(Kernel kernel, int threads, int64_t rows, int max_blocks_per_sm) {
+unsigned int persistent_grid(Kernel kernel, int threads, size_t shared_bytes, int64_t rows, int max_blocks_per_sm) {
   int sms = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
-  const int64_t blocks = std::min(resident_blocks(kernel, threads), int64_t(sms) * max_blocks_per_sm);
+  const int64_t blocks = std::min(resident_blocks(kernel, threads, shared_bytes), int64_t(sms) * max_blocks_per_sm);
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(rows, blocks)));
+}
+
+// One block per row (the kernels still loop, so the cap keeps them correct).
+inline unsigned int row_grid(int64_t rows) {
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min<int64_t>(rows, std::numeric_limits<int32_t>::max())));
 }
 
 // Calls body(std::integral_constant<int, kPacks>) for the packs per thread chosen at run time.
@@ -449,13 +527,8 @@ void with_packs_per_thread(int packs_per_thread, Body body) {
 }
 
 template <typename scalar_t, typename weight_t>
-constexpr int vector_width() {
-  return 16 / sizeof(scalar_t);
-}
-
-template <typename scalar_t, typename weight_t>
 bool forward_vectorizable(const NormForwardProblem& p) {
-  constexpr int width = vector_width<scalar_t, weight_t>();
+  constexpr int width = 16 / sizeof(scalar_t);
   constexpr int64_t weight_pack_bytes = int64_t(sizeof(weight_t)) * width;
   return p.columns % width == 0 && row_aligned(p.x, p.x_row_stride, sizeof(scalar_t)) &&
          row_aligned(p.residual, p.residual_row_stride, sizeof(scalar_t)) &&
@@ -465,17 +538,29 @@ bool forward_vectorizable(const NormForwardProblem& p) {
 
 template <typename scalar_t, typename weight_t>
 bool backward_vectorizable(const NormBackwardProblem& p) {
-  constexpr int width = vector_width<scalar_t, weight_t>();
+  constexpr int width = 16 / sizeof(scalar_t);
   return p.columns % width == 0 && row_aligned(p.x, p.x_row_stride, sizeof(scalar_t)) &&
          row_aligned(p.grad, p.grad_row_stride, sizeof(scalar_t)) &&
          row_aligned(p.grad_residual, p.grad_residual_row_stride, sizeof(scalar_t)) &&
          pointer_aligned(p.grad_x, 16) && pointer_aligned(p.weight, int64_t(sizeof(weight_t)) * width);
 }
 
-// Rows in flight per SM: the forward streams best with many small blocks, the backward keeps
-// one partial row per block, so it runs fewer.
-constexpr int kForwardBlocksPerSm = 8;
-constexpr int kBackwardBlocksPerSm = 2;
+// Backward blocks per SM: more hide more latency, but each adds one partial row to sum.
+constexpr int kBackwardBlocksPerSm = 4;
+
+// Calls body(std::integral_constant<int, kWidth>) with the vector width or 1.
+template <typename scalar_t, typename Body>
+void with_pack_width(bool vectorized, Body body) {
+  if (vectorized) {
+    body(std::integral_constant<int, 16 / sizeof(scalar_t)>{});
+  } else {
+    body(std::integral_constant<int, 1>{});
+  }
+}
+
+// Threads per block for cached forward rows: many rows stream best with blocks of 256; a few rows
+// (decode) get wider blocks so each row is read by more threads at once.
+inline int cached_max_threads(int64_t rows) { return rows >= 1024 ? 256 : kNormMaxThreads; }
 
 template <NormKind kKind>
 void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
@@ -484,28 +569,22 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_forward_cuda", [&] {
-    auto launch_cached = [&](auto width_constant) {
-      constexpr int kWidth = decltype(width_constant)::value;
-      const CachedConfig config = cached_config(p.columns / kWidth, p.rows >= 1024 ? 256 : kNormMaxThreads);
-      with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
-        const auto kernel = norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
-        kernel<<<norm_grid(kernel, config.threads, p.rows, kForwardBlocksPerSm), config.threads, 0, stream>>>(p);
-      });
-    };
-    constexpr int kVectorWidth = vector_width<scalar_t, weight_t>();
     const bool vectorized = forward_vectorizable<scalar_t, weight_t>(p);
-    const int64_t packs = vectorized ? p.columns / kVectorWidth : p.columns;
-    if (packs <= kMaxCachedPacks) {
-      if (vectorized) {
-        launch_cached(std::integral_constant<int, kVectorWidth>{});
+    with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
+      constexpr int kWidth = decltype(width_constant)::value;
+      const int64_t packs = p.columns / kWidth;
+      if (packs <= kMaxCachedPacks) {
+        const CachedConfig config = cached_config(packs, cached_max_threads(p.rows));
+        with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
+          norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>
+              <<<row_grid(p.rows), config.threads, 0, stream>>>(p);
+        });
       } else {
-        launch_cached(std::integral_constant<int, 1>{});
+        norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
+            <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p);
       }
-    } else {
-      const auto kernel = norm_forward_long_row_kernel<scalar_t, weight_t, kKind>;
-      kernel<<<norm_grid(kernel, kNormMaxThreads, p.rows, kForwardBlocksPerSm), kNormMaxThreads, 0, stream>>>(p);
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
   });
 }
 
@@ -524,48 +603,44 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
   FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_backward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto acc_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device);
+    const int sums = kKind == NormKind::Layer ? 2 : 1;  // weight (and bias)
     const dim3 column_block(kColumnsPerBlock, kRowGroups);
     const unsigned int column_blocks = static_cast<unsigned int>((p.columns + kColumnsPerBlock - 1) / kColumnsPerBlock);
-    auto launch_cached = [&](auto width_constant) {
-      constexpr int kWidth = decltype(width_constant)::value;
-      const CachedConfig config = cached_config(p.columns / kWidth, p.rows >= 1024 ? 256 : kNormMaxThreads);
-      with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
-        const auto kernel = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
-        const unsigned int grid = norm_grid(kernel, config.threads, p.rows, kBackwardBlocksPerSm);
-        const at::Tensor partials = at::empty({kKind == NormKind::Layer ? 2 : 1, grid, p.columns}, acc_options);
-        acc_t* weight_partials = partials.mutable_data_ptr<acc_t>();
-        acc_t* bias_partials = kKind == NormKind::Layer ? weight_partials + int64_t(grid) * p.columns : nullptr;
-        kernel<<<grid, config.threads, 0, stream>>>(p, weight_partials, bias_partials);
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        column_sum_kernel<<<column_blocks, column_block, 0, stream>>>(
-            weight_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
-        if (kKind == NormKind::Layer) {
-          column_sum_kernel<<<column_blocks, column_block, 0, stream>>>(
-              bias_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_bias));
-          C10_CUDA_KERNEL_LAUNCH_CHECK();
-        }
-      });
-    };
-    constexpr int kVectorWidth = vector_width<scalar_t, weight_t>();
     const bool vectorized = backward_vectorizable<scalar_t, weight_t>(p);
-    const int64_t packs = vectorized ? p.columns / kVectorWidth : p.columns;
-    if (packs <= kMaxCachedPacks) {
-      if (vectorized) {
-        launch_cached(std::integral_constant<int, kVectorWidth>{});
+    with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
+      constexpr int kWidth = decltype(width_constant)::value;
+      const int64_t packs = p.columns / kWidth;
+      if (packs <= kMaxCachedPacks) {
+        // Wide blocks: with 4 packs per thread the backward needs 128 registers and spills.
+        const CachedConfig config = cached_config(packs, kNormMaxThreads);
+        with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
+          const auto kernel =
+              norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
+          const size_t shared_bytes = size_t(sums) * p.columns * sizeof(acc_t);
+          const unsigned int grid = persistent_grid(kernel, config.threads, shared_bytes, p.rows, kBackwardBlocksPerSm);
+          // One block writes the gradients itself; more write partial rows for column_sum_kernel.
+          const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
+          acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
+          acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
+          kernel<<<grid, config.threads, shared_bytes, stream>>>(p, weight_partials, bias_partials);
+          C10_CUDA_KERNEL_LAUNCH_CHECK();
+          if (grid > 1) {
+            column_sum_kernel<<<dim3(column_blocks, sums), column_block, 0, stream>>>(
+                weight_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
+                static_cast<weight_t*>(p.grad_bias));
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
+        });
       } else {
-        launch_cached(std::integral_constant<int, 1>{});
+        const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
+        norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
+            <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p, statistics.mutable_data_ptr<acc_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        weight_grad_kernel<scalar_t, weight_t, kKind><<<column_blocks, column_block, 0, stream>>>(
+            p, statistics.const_data_ptr<acc_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
-    } else {
-      const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
-      const auto kernel = norm_backward_long_row_kernel<scalar_t, weight_t, kKind>;
-      kernel<<<norm_grid(kernel, kNormMaxThreads, p.rows, kForwardBlocksPerSm), kNormMaxThreads, 0, stream>>>(
-          p, statistics.mutable_data_ptr<acc_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      weight_grad_kernel<scalar_t, weight_t, kKind><<<column_blocks, column_block, 0, stream>>>(
-          p, statistics.const_data_ptr<acc_t>());
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    });
   });
 }
 
