@@ -4,9 +4,9 @@
 //     registers, as raw 16-bit or 32-bit values, so x (and grad) are read from memory once.
 //     Forward: one block per row (measured faster than a persistent grid, as for relu_add).
 //     Backward: a persistent grid; each block adds grad·n (and grad) for its rows into per-column
-//     sums in shared memory, writes them as one partial row, and column_sum_kernel adds the
-//     partial rows in block order: deterministic weight and bias gradients for the cost of one
-//     small pass (none when one block covers all rows).
+//     sums (registers or shared memory), writes them as one partial row, and column_sum_kernel
+//     adds the partial rows in block order: deterministic weight and bias gradients for the cost
+//     of one small pass (none when one block covers all rows).
 //   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
 //     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
 //     and rstd so weight_grad_kernel sums grad·n by columns.
@@ -153,30 +153,39 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(No
   }
 }
 
-// grad_x for the block's rows. The block's sums of grad·n (and grad) per column live in shared
-// memory ([kWidth][packs per row] per sum, so a warp's accesses are consecutive; each thread only
-// touches its own columns) and end as row blockIdx.x of weight_partials / bias_partials
-// ([gridDim.x, columns], opmath); a grid of one block writes grad_weight / grad_bias directly.
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+// grad_x for the block's rows. The block's sums of grad·n (and grad) per column are kept either in
+// registers (kSharedSums false) or in shared memory as 16-byte chunks laid out [chunk][pack], so a
+// warp's accesses are consecutive and vectorized (each thread only touches its own columns). They
+// end as row blockIdx.x of weight_partials / bias_partials ([gridDim.x, columns], opmath), or, for a
+// grid of one block, directly in grad_weight / grad_bias. Measured on an H200 (docs/benchmarks.md):
+// registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
 __global__ void __launch_bounds__(kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
                                 at::opmath_type<scalar_t>* bias_partials) {
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
+  constexpr int kChunk = std::min<int>(kWidth, 16 / sizeof(acc_t));
+  constexpr int kChunksPerPack = kWidth / kChunk;
+  using Chunk = Pack<acc_t, kChunk>;
   __shared__ acc_t shared[32 * 3];
   extern __shared__ __align__(16) unsigned char norm_shared_bytes[];
   const int64_t packs_per_row = p.columns / kWidth;
-  acc_t* weight_sums = reinterpret_cast<acc_t*>(norm_shared_bytes);
-  acc_t* bias_sums = weight_sums + p.columns;  // Layer only
+  Chunk* weight_sums = reinterpret_cast<Chunk*>(norm_shared_bytes);
+  Chunk* bias_sums = weight_sums + p.columns / kChunk;  // Layer only
+  Chunk weight_registers[kSharedSums ? 1 : kPacks][kChunksPerPack] = {};
+  Chunk bias_registers[kSharedSums || kKind != NormKind::Layer ? 1 : kPacks][kChunksPerPack] = {};
+  if constexpr (kSharedSums) {
 #pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
-    if (pack >= packs_per_row) continue;
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
 #pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      weight_sums[j * packs_per_row + pack] = 0;
-      if constexpr (kKind == NormKind::Layer) bias_sums[j * packs_per_row + pack] = 0;
+      for (int c = 0; c < kChunksPerPack; ++c) {
+        weight_sums[c * packs_per_row + pack] = Chunk{};
+        if constexpr (kKind == NormKind::Layer) bias_sums[c * packs_per_row + pack] = Chunk{};
+      }
     }
   }
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
@@ -230,6 +239,18 @@ __global__ void __launch_bounds__(kNormMaxThreads)
       if (p.grad_residual) {
         grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
       }
+      Chunk weight_chunks[kChunksPerPack];
+      Chunk bias_chunks[kChunksPerPack];
+#pragma unroll
+      for (int c = 0; c < kChunksPerPack; ++c) {
+        if constexpr (kSharedSums) {
+          weight_chunks[c] = weight_sums[c * packs_per_row + pack];
+          if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_sums[c * packs_per_row + pack];
+        } else {
+          weight_chunks[c] = weight_registers[kSharedSums ? 0 : k][c];
+          if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_registers[kSharedSums ? 0 : k][c];
+        }
+      }
       XPack grad_x;
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
@@ -238,8 +259,18 @@ __global__ void __launch_bounds__(kNormMaxThreads)
         acc_t value = rstd * (g * static_cast<acc_t>(weight.values[j]) - mean_gw - n * mean_gw_n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
-        weight_sums[j * packs_per_row + pack] += g * n;
-        if constexpr (kKind == NormKind::Layer) bias_sums[j * packs_per_row + pack] += g;
+        weight_chunks[j / kChunk].values[j % kChunk] += g * n;
+        if constexpr (kKind == NormKind::Layer) bias_chunks[j / kChunk].values[j % kChunk] += g;
+      }
+#pragma unroll
+      for (int c = 0; c < kChunksPerPack; ++c) {
+        if constexpr (kSharedSums) {
+          weight_sums[c * packs_per_row + pack] = weight_chunks[c];
+          if constexpr (kKind == NormKind::Layer) bias_sums[c * packs_per_row + pack] = bias_chunks[c];
+        } else {
+          weight_registers[kSharedSums ? 0 : k][c] = weight_chunks[c];
+          if constexpr (kKind == NormKind::Layer) bias_registers[kSharedSums ? 0 : k][c] = bias_chunks[c];
+        }
       }
       store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
     }
@@ -251,8 +282,15 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       const int64_t column = pack * kWidth + j;
-      const acc_t weight_sum = weight_sums[j * packs_per_row + pack];
-      const acc_t bias_sum = kKind == NormKind::Layer ? bias_sums[j * packs_per_row + pack] : acc_t(0);
+      const int64_t chunk = (j / kChunk) * packs_per_row + pack;
+      acc_t weight_sum, bias_sum = 0;
+      if constexpr (kSharedSums) {
+        weight_sum = weight_sums[chunk].values[j % kChunk];
+        if constexpr (kKind == NormKind::Layer) bias_sum = bias_sums[chunk].values[j % kChunk];
+      } else {
+        weight_sum = weight_registers[kSharedSums ? 0 : k][j / kChunk].values[j % kChunk];
+        if constexpr (kKind == NormKind::Layer) bias_sum = bias_registers[kSharedSums ? 0 : k][j / kChunk].values[j % kChunk];
+      }
       if (gridDim.x == 1) {
         static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
         if constexpr (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
@@ -545,7 +583,7 @@ bool backward_vectorizable(const NormBackwardProblem& p) {
          pointer_aligned(p.grad_x, 16) && pointer_aligned(p.weight, int64_t(sizeof(weight_t)) * width);
 }
 
-// Backward blocks per SM: more hide more latency, but each adds one partial row to sum.
+// Backward blocks per SM (occupancy allows two to four): each adds one partial row to sum.
 constexpr int kBackwardBlocksPerSm = 4;
 
 // Calls body(std::integral_constant<int, kWidth>) with the vector width or 1.
@@ -611,13 +649,15 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
       if (packs <= kMaxCachedPacks) {
-        // Wide blocks: with 4 packs per thread the backward needs 128 registers and spills.
-        const CachedConfig config = cached_config(packs, kNormMaxThreads);
-        with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
-          const auto kernel =
-              norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>;
-          const size_t shared_bytes = size_t(sums) * p.columns * sizeof(acc_t);
-          const unsigned int grid = persistent_grid(kernel, config.threads, shared_bytes, p.rows, kBackwardBlocksPerSm);
+        // Measured on an H200 (scripts/experiments/norm_backward_variants.py): blocks of 256 for rows
+        // of over 512 packs, of 512 otherwise; sums in registers for RMS rows of over 512 packs.
+        const int max_threads = packs > 512 ? 256 : kNormMaxThreads;
+        const bool shared_sums = kKind == NormKind::Layer || packs <= 512;
+        const CachedConfig config = cached_config(packs, max_threads);
+        auto launch = [&](auto kernel, bool uses_shared) {
+          const size_t shared_bytes = uses_shared ? size_t(sums) * p.columns * sizeof(acc_t) : 0;
+          const unsigned int grid =
+              persistent_grid(kernel, config.threads, shared_bytes, p.rows, kBackwardBlocksPerSm);
           // One block writes the gradients itself; more write partial rows for column_sum_kernel.
           const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
           acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
@@ -629,6 +669,14 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
                 weight_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
                 static_cast<weight_t*>(p.grad_bias));
             C10_CUDA_KERNEL_LAUNCH_CHECK();
+          }
+        };
+        with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
+          constexpr int kPacks = decltype(packs_constant)::value;
+          if (shared_sums) {
+            launch(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>, true);
+          } else {
+            launch(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false>, false);
           }
         });
       } else {
