@@ -49,9 +49,13 @@ if step sanitizer; then
   # The 20000-row determinism runs take minutes under the tools; the same kernels run there on
   # smaller shapes.
   selection="$selection and not deterministic"
+  # SANITIZER_WORKERS pytest-xdist workers per tool (compute-sanitizer follows them).
+  workers=()
+  [ -n "${SANITIZER_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$SANITIZER_WORKERS")
   for tool in memcheck racecheck initcheck synccheck; do
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      "$PY" -m pytest tests -q -p no:cacheprovider -x -k "$selection" > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
+      "$PY" -m pytest tests -q -p no:cacheprovider -x ${workers[@]+"${workers[@]}"} -k "$selection" \
+      > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
   done
   for job in $(jobs -p); do wait "$job" || status=1; done
   for tool in memcheck racecheck initcheck synccheck; do
