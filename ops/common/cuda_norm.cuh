@@ -247,8 +247,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
           weight_chunks[c] = weight_sums[c * packs_per_row + pack];
           if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_sums[c * packs_per_row + pack];
         } else {
-          weight_chunks[c] = weight_registers[kSharedSums ? 0 : k][c];
-          if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_registers[kSharedSums ? 0 : k][c];
+          weight_chunks[c] = weight_registers[k][c];
+          if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_registers[k][c];
         }
       }
       XPack grad_x;
@@ -268,8 +268,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
           weight_sums[c * packs_per_row + pack] = weight_chunks[c];
           if constexpr (kKind == NormKind::Layer) bias_sums[c * packs_per_row + pack] = bias_chunks[c];
         } else {
-          weight_registers[kSharedSums ? 0 : k][c] = weight_chunks[c];
-          if constexpr (kKind == NormKind::Layer) bias_registers[kSharedSums ? 0 : k][c] = bias_chunks[c];
+          weight_registers[k][c] = weight_chunks[c];
+          if constexpr (kKind == NormKind::Layer) bias_registers[k][c] = bias_chunks[c];
         }
       }
       store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
@@ -288,8 +288,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
         weight_sum = weight_sums[chunk].values[j % kChunk];
         if constexpr (kKind == NormKind::Layer) bias_sum = bias_sums[chunk].values[j % kChunk];
       } else {
-        weight_sum = weight_registers[kSharedSums ? 0 : k][j / kChunk].values[j % kChunk];
-        if constexpr (kKind == NormKind::Layer) bias_sum = bias_registers[kSharedSums ? 0 : k][j / kChunk].values[j % kChunk];
+        weight_sum = weight_registers[k][j / kChunk].values[j % kChunk];
+        if constexpr (kKind == NormKind::Layer) bias_sum = bias_registers[k][j / kChunk].values[j % kChunk];
       }
       if (gridDim.x == 1) {
         static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
