@@ -49,3 +49,14 @@ def assert_same_gradients(output, expected_output, inputs, **tolerances):
     expected = torch.autograd.grad(expected_output.sum(), inputs)
     for grad, want in zip(grads, expected):
         torch.testing.assert_close(grad, want, **tolerances)
+
+
+def assert_bad_input_rejected(cases, case):
+    """Case number `case` of a list of (call, message fragment): the call raises a RuntimeError
+    containing the message. Lists are longer on CUDA (device mismatch), so a missing case skips."""
+    if case >= len(cases):
+        pytest.skip("case exists on cuda only")
+    call, message = cases[case]
+    with pytest.raises(RuntimeError) as error:
+        call()
+    assert message in str(error.value)

@@ -87,6 +87,27 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
 // ---------------------------------------------------------------------------------------------
 // Cached path.
 
+// Mean of a row that the block holds as packs (pack k of a thread is threadIdx.x + k * blockDim.x);
+// 0 for RMSNorm, which does not center.
+template <NormKind kKind, typename acc_t, typename T, int kWidth, int kPacks>
+__device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[kPacks], int64_t packs_per_row,
+                                                 int64_t columns, acc_t* shared) {
+  if constexpr (kKind == NormKind::RMS) {
+    return acc_t(0);
+  } else {
+    acc_t sum[1] = {0};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(packs[k].values[j]);
+    }
+    block_sum(sum, shared);
+    return sum[0] / columns;
+  }
+}
+
+
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(NormForwardProblem p) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -110,18 +131,7 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(No
         store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
       }
     }
-    acc_t mean = 0;
-    if constexpr (kKind == NormKind::Layer) {
-      acc_t sum[1] = {0};
-#pragma unroll
-      for (int k = 0; k < kPacks; ++k) {
-        if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
-#pragma unroll
-        for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(h[k].values[j]);
-      }
-      block_sum(sum, shared);
-      mean = sum[0] / p.columns;
-    }
+    const acc_t mean = cached_row_mean<kKind>(h, packs_per_row, p.columns, shared);
     acc_t squares[1] = {0};
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -198,18 +208,7 @@ __global__ void __launch_bounds__(kNormMaxThreads)
       x[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
       grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
     }
-    acc_t mean = 0;
-    if constexpr (kKind == NormKind::Layer) {
-      acc_t sum[1] = {0};
-#pragma unroll
-      for (int k = 0; k < kPacks; ++k) {
-        if (threadIdx.x + int64_t(k) * blockDim.x >= packs_per_row) continue;
-#pragma unroll
-        for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x[k].values[j]);
-      }
-      block_sum(sum, shared);
-      mean = sum[0] / p.columns;
-    }
+    const acc_t mean = cached_row_mean<kKind>(x, packs_per_row, p.columns, shared);
     // Σ (h - mean)², Σ gw·(h - mean), Σ gw in one reduction.
     acc_t sums[3] = {0, 0, 0};
 #pragma unroll

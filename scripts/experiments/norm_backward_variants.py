@@ -8,7 +8,6 @@ of rms_norm, add_rms_norm and add_layer_norm in bf16.
     python scripts/experiments/norm_backward_variants.py VARIANT [VARIANT ...]
 """
 import os
-import statistics
 import subprocess
 import sys
 
