@@ -166,13 +166,13 @@ class GeluMulFunction : public GatedFunction<GeluMulFunction> {
   }
 };
 
-// Whether a call must record a graph node; otherwise the forward runs without one (the eager
-// inference path stays as short as the op itself).
 inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
 inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
   return tensor.has_value() && tensor->defined() && tensor->requires_grad();
 }
 
+// Whether a call must record a graph node; otherwise the forward runs without one (the eager
+// inference path stays as short as the op itself).
 template <typename... Tensors>
 bool records_gradient(const Tensors&... tensors) {
   return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
@@ -249,7 +249,6 @@ at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return call_gelu_mul_backward(grad, x, approximate);
 }
-
 
 // ---------------------------------------------------------------------------------------------
 // Norms. Forwards save h (x, or residual_out of the add variants) and weight; the backward ops
