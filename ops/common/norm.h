@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
-#include <type_traits>
 
 #include "dtype_dispatch.h"
 #include "rowwise.h"
@@ -121,16 +120,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(NormKind kind, cons
   return {grad_x, grad_weight, grad_bias};
 }
 
-// Mixed precision: weight is float32 while x is 16-bit, else weight has x's dtype.
+// Mixed precision: weight is float32 while x is 16-bit, else weight has x's dtype (the checks
+// reject every other pair, so only these are instantiated).
 #define FUSED_DISPATCH_NORM_TYPES(X_TYPE, WEIGHT_TYPE, NAME, ...)                      \
   FUSED_DISPATCH_FLOATING_TYPES(X_TYPE, NAME, [&] {                                    \
-    if (WEIGHT_TYPE == at::kFloat && !std::is_same_v<scalar_t, float>) {               \
-      using weight_t = float;                                                          \
-      __VA_ARGS__();                                                                   \
-    } else {                                                                           \
-      using weight_t = scalar_t;                                                       \
-      __VA_ARGS__();                                                                   \
+    if constexpr (sizeof(scalar_t) == 2) {                                             \
+      if (WEIGHT_TYPE == at::kFloat) {                                                 \
+        using weight_t = float;                                                        \
+        __VA_ARGS__();                                                                 \
+        return;                                                                        \
+      }                                                                                \
     }                                                                                  \
+    using weight_t = scalar_t;                                                         \
+    __VA_ARGS__();                                                                     \
   })
 
 }  // namespace fused_ops
