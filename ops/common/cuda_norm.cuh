@@ -84,6 +84,38 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
   }
 }
 
+// Backward of one row: its sums Σ (h - mean)², Σ gw·(h - mean), Σ gw (gw = grad · weight) over
+// the block give rstd and the means in grad_h = rstd · (gw - mean(gw) - n · mean(gw · n)),
+// n = (h - mean) · rstd (RMS: mean = mean(gw) = 0).
+template <typename acc_t>
+__device__ __forceinline__ void add_backward_terms(acc_t (&sums)[3], acc_t h, acc_t grad, acc_t weight, acc_t mean) {
+  const acc_t centered = h - mean;
+  const acc_t gw = grad * weight;
+  sums[0] += centered * centered;
+  sums[1] += gw * centered;
+  sums[2] += gw;
+}
+
+template <typename acc_t>
+struct BackwardRow {
+  acc_t mean;
+  acc_t rstd;
+  acc_t mean_gw;
+  acc_t mean_gw_n;
+  __device__ __forceinline__ acc_t normalized(acc_t h) const { return (h - mean) * rstd; }
+  __device__ __forceinline__ acc_t grad_h(acc_t grad, acc_t weight, acc_t n) const {
+    return rstd * (grad * weight - mean_gw - n * mean_gw_n);
+  }
+};
+
+template <NormKind kKind, typename acc_t>
+__device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&sums)[3], int64_t columns, double eps,
+                                                          acc_t* shared) {
+  block_sum(sums, shared);
+  const acc_t rstd = reciprocal_sqrt(sums[0] / columns + static_cast<acc_t>(eps));
+  return {mean, rstd, kKind == NormKind::Layer ? sums[2] / columns : acc_t(0), sums[1] * rstd / columns};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Cached path.
 
@@ -218,17 +250,11 @@ __global__ void __launch_bounds__(kNormMaxThreads)
       const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        const acc_t centered = static_cast<acc_t>(x[k].values[j]) - mean;
-        const acc_t gw = static_cast<acc_t>(grad[k].values[j]) * static_cast<acc_t>(weight.values[j]);
-        sums[0] += centered * centered;
-        sums[1] += gw * centered;
-        sums[2] += gw;
+        add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
+                           static_cast<acc_t>(weight.values[j]), mean);
       }
     }
-    block_sum(sums, shared);
-    const acc_t rstd = reciprocal_sqrt(sums[0] / p.columns + static_cast<acc_t>(p.eps));
-    const acc_t mean_gw_n = sums[1] * rstd / p.columns;
-    const acc_t mean_gw = kKind == NormKind::Layer ? sums[2] / p.columns : acc_t(0);
+    const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -254,8 +280,8 @@ __global__ void __launch_bounds__(kNormMaxThreads)
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         const acc_t g = static_cast<acc_t>(grad[k].values[j]);
-        const acc_t n = (static_cast<acc_t>(x[k].values[j]) - mean) * rstd;
-        acc_t value = rstd * (g * static_cast<acc_t>(weight.values[j]) - mean_gw - n * mean_gw_n);
+        const acc_t n = statistics.normalized(static_cast<acc_t>(x[k].values[j]));
+        acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight.values[j]), n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
         weight_chunks[j / kChunk].values[j % kChunk] += g * n;
@@ -399,17 +425,11 @@ __global__ void __launch_bounds__(kLongRowThreads)
       const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        const acc_t centered = static_cast<acc_t>(x.values[j]) - mean;
-        const acc_t gw = static_cast<acc_t>(grad.values[j]) * static_cast<acc_t>(weight.values[j]);
-        sums[0] += centered * centered;
-        sums[1] += gw * centered;
-        sums[2] += gw;
+        add_backward_terms(sums, static_cast<acc_t>(x.values[j]), static_cast<acc_t>(grad.values[j]),
+                           static_cast<acc_t>(weight.values[j]), mean);
       }
     }
-    block_sum(sums, shared);
-    const acc_t rstd = reciprocal_sqrt(sums[0] / p.columns + static_cast<acc_t>(p.eps));
-    const acc_t mean_gw_n = sums[1] * rstd / p.columns;
-    const acc_t mean_gw = kKind == NormKind::Layer ? sums[2] / p.columns : acc_t(0);
+    const BackwardRow<acc_t> row_statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
     for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
       const XPack x = load_pack<scalar_t, kWidth>(p.x, x_offset, pack);
       const XPack grad = load_pack<scalar_t, kWidth>(p.grad, grad_offset, pack);
@@ -421,9 +441,9 @@ __global__ void __launch_bounds__(kLongRowThreads)
       XPack grad_x;
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        const acc_t n = (static_cast<acc_t>(x.values[j]) - mean) * rstd;
-        acc_t value = rstd * (static_cast<acc_t>(grad.values[j]) * static_cast<acc_t>(weight.values[j]) - mean_gw -
-                              n * mean_gw_n);
+        const acc_t n = row_statistics.normalized(static_cast<acc_t>(x.values[j]));
+        acc_t value =
+            row_statistics.grad_h(static_cast<acc_t>(grad.values[j]), static_cast<acc_t>(weight.values[j]), n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
       }
@@ -431,7 +451,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
     }
     if (threadIdx.x == 0) {
       statistics[2 * row] = mean;
-      statistics[2 * row + 1] = rstd;
+      statistics[2 * row + 1] = row_statistics.rstd;
     }
   }
 }
