@@ -87,10 +87,11 @@ class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackward
   }
 };
 
-at::Tensor call_bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                   c10::string_view approximate) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            c10::string_view)>("fused::bias_gelu_backward");
+std::tuple<at::Tensor, at::Tensor> call_bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                           const at::Tensor& bias, c10::string_view approximate) {
+  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                                    const at::Tensor&, c10::string_view)>(
+      "fused::bias_gelu_backward");
   return op.call(grad, x, bias, approximate);
 }
 
@@ -117,17 +118,10 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor& x = saved[0];
-    const at::Tensor grad_h =
-        call_bias_gelu_backward(grad_outputs[0], x, saved[1], ctx->saved_data["approximate"].toStringRef());
-    at::Tensor grad_bias;
-    if (ctx->needs_input_grad(1)) {
-      // Summed over every leading dim (none for a 1-D x); aten's sum is deterministic.
-      std::vector<int64_t> leading(x.dim() - 1);
-      std::iota(leading.begin(), leading.end(), 0);
-      grad_bias = leading.empty() ? grad_h : grad_h.sum(leading);
-    }
-    return {ctx->needs_input_grad(0) ? grad_h : at::Tensor(), grad_bias, at::Tensor()};
+    auto [grad_x, grad_bias] =
+        call_bias_gelu_backward(grad_outputs[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
+    return {ctx->needs_input_grad(0) ? grad_x : at::Tensor(), ctx->needs_input_grad(1) ? grad_bias : at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -222,9 +216,14 @@ at::Tensor gelu_mul_autograd(const at::Tensor& x, c10::string_view approximate) 
 // Backward ops of the activations. Recording a graph through them (double backward) runs the same
 // math as differentiable aten ops (gelu_backward has a derivative of its own);
 // otherwise the fused kernel runs below autograd.
-at::Tensor bias_gelu_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                       c10::string_view approximate) {
-  if (records_gradient(grad, x, bias)) return at::gelu_backward(grad, x + bias, approximate);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor& grad, const at::Tensor& x,
+                                                               const at::Tensor& bias, c10::string_view approximate) {
+  if (records_gradient(grad, x, bias)) {
+    const at::Tensor grad_x = at::gelu_backward(grad, x + bias, approximate);
+    std::vector<int64_t> leading(x.dim() - 1);
+    std::iota(leading.begin(), leading.end(), 0);
+    return {grad_x, leading.empty() ? grad_x.clone() : grad_x.sum(leading)};
+  }
   at::AutoDispatchBelowADInplaceOrView below_autograd;
   return call_bias_gelu_backward(grad, x, bias, approximate);
 }

@@ -27,8 +27,8 @@ at::Tensor bias_gelu_entry(const at::Tensor& x, const at::Tensor& bias, c10::str
 }
 
 template <auto kernel>
-at::Tensor bias_gelu_backward_entry(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                    c10::string_view approximate) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_entry(const at::Tensor& grad, const at::Tensor& x,
+                                                            const at::Tensor& bias, c10::string_view approximate) {
   check_bias_gelu_backward_arguments(grad, x, bias);
   return kernel(grad, x, bias, parse_gelu_approximation("bias_gelu_backward", approximate));
 }

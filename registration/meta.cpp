@@ -17,9 +17,9 @@ at::Tensor relu_add_backward_meta(const at::Tensor& grad, const at::Tensor&) { r
 at::Tensor bias_gelu_meta(const at::Tensor& x, const at::Tensor&, GeluApproximation) {
   return like_contiguous(x);
 }
-at::Tensor bias_gelu_backward_meta(const at::Tensor& grad, const at::Tensor&, const at::Tensor&,
-                                   GeluApproximation) {
-  return like_contiguous(grad);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_meta(const at::Tensor& grad, const at::Tensor&,
+                                                           const at::Tensor& bias, GeluApproximation) {
+  return {like_contiguous(grad), like_contiguous(bias)};
 }
 at::Tensor gated_meta(const at::Tensor& x) {
   std::vector<c10::SymInt> sizes = x.sym_sizes().vec();

@@ -10,8 +10,9 @@ TORCH_LIBRARY(fused, m) {
   m.def("relu_add_backward(Tensor grad, Tensor x) -> Tensor", tags);
   // gelu(x + bias, approximate); bias [H] broadcasts over x [..., H]; approximate 'none' or 'tanh'.
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
-  // grad * gelu'(x + bias): the gradient of x (and, summed over leading dims, of bias).
-  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
+  // grad_x = grad * gelu'(x + bias); grad_bias = grad_x summed over the leading dims.
+  m.def("bias_gelu_backward(Tensor grad, Tensor x, Tensor bias, str approximate='none') "
+        "-> (Tensor grad_x, Tensor grad_bias)", tags);
   // silu(x[..., :d]) * x[..., d:] for x [..., 2d] (SwiGLU).
   m.def("silu_mul(Tensor x) -> Tensor", tags);
   // The gradient of silu_mul w.r.t. x, shaped like x.

@@ -14,6 +14,7 @@ import statistics
 import sys
 import time
 from datetime import date
+from math import nan
 
 import torch
 import torch.nn.functional as F
@@ -244,15 +245,14 @@ def run(args):
 
     copy_gbs = copy_bandwidth_gbs(device)
     rows = []
-    variants = ["fused", "eager", "compile"]
+    variants = args.variants
     planned = list(workloads(device, dtypes, sizes, args.ops))
     progress = Progress(len(planned) * 2 * len(variants))
     for op, dtype, shape, numel, make_inputs, fused, composite, forward_elements, training_elements in planned:
         inputs = make_inputs()
         grads = [torch.randn(out.shape, device=device, dtype=dtype) for out in as_outputs(fused(*inputs))]
         torch._dynamo.reset()
-        compiled = torch.compile(composite)
-        functions = {"fused": fused, "eager": composite, "compile": compiled}
+        functions = {"fused": fused, "eager": composite, "compile": torch.compile(composite)}
         for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
             row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
                    "shape": list(shape), "mode": mode, "bytes": elements * inputs[0].element_size()}
@@ -270,7 +270,7 @@ def run(args):
                 progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
             rows.append(row)
         del inputs, grads
-    overhead = python_call_overhead_us(device)
+    overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
         "cuda": torch.version.cuda, "copy_gbs": copy_gbs, "python_call_us": overhead, "rows": rows,
@@ -286,7 +286,7 @@ def print_table(result):
     for row in result["rows"]:
         shape = "x".join(map(str, row["shape"])) if row["op"] != "relu_add" else "2^" + str(row["numel"].bit_length() - 1)
         print(f"{row['op']:<15} {row['dtype']:<8} {shape:>11} {row['mode']:<16} "
-              f"{row['fused_us']:9.1f} {row['eager_us']:9.1f} {row['compile_us']:10.1f} "
+              f"{row['fused_us']:9.1f} {row.get('eager_us', nan):9.1f} {row.get('compile_us', nan):10.1f} "
               f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}")
     calls = result["python_call_us"]
     print("one eager call from Python, 4096 float32 (us): " +
@@ -303,6 +303,8 @@ def plot(result, path):
         key = (r["op"], r["dtype"], r["mode"])
         counts[key] = counts.get(key, 0) + 1
     groups = sorted(key for key, count in counts.items() if count >= 3)  # size sweeps only
+    if not groups:
+        return
     columns = 4
     lines = (len(groups) + columns - 1) // columns
     figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 4 * lines), squeeze=False)
@@ -311,6 +313,8 @@ def plot(result, path):
     for axis, (op, dtype, mode) in zip(axes.flat, groups):
         rows = [r for r in result["rows"] if (r["op"], r["dtype"], r["mode"]) == (op, dtype, mode)]
         for variant in ("fused", "eager", "compile"):
+            if f"{variant}_gbs" not in rows[0]:
+                continue
             axis.plot([r["numel"] for r in rows], [r[f"{variant}_gbs"] for r in rows], marker="o", label=variant)
         axis.axhline(result["copy_gbs"], color="gray", linestyle="--", label="copy")
         axis.set_xscale("log", base=2)
@@ -334,6 +338,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU even when a GPU is present")
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    parser.add_argument("--variants", nargs="+", default=["fused", "eager", "compile"],
+                        choices=["fused", "eager", "compile"],
+                        help="what to time (fused alone to compare two builds of the library)")
     args = parser.parse_args()
     result = run(args)
     print_table(result)

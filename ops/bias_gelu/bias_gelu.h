@@ -1,7 +1,7 @@
 #pragma once
 // bias_gelu(x, bias, approximate) = gelu(x + bias), bias [H] broadcast over x [..., H].
 // Backward: grad_h = grad * gelu'(x + bias); grad_x = grad_h, grad_bias = grad_h summed over the
-// leading dims (an aten sum in registration/autograd.cpp, deterministic).
+// leading dims, in the same pass on the GPU (deterministic: fixed-order partial sums).
 #include <ATen/ATen.h>
 
 #include "../common/activations.h"
@@ -35,21 +35,24 @@ at::Tensor bias_gelu_forward(const at::Tensor& x, const at::Tensor& bias, RunRow
   return out;
 }
 
+// `run_rows(problem, grad_bias)` fills grad_h and grad_bias.
 template <typename RunRows>
-at::Tensor bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                              RunRows run_rows) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x,
+                                                      const at::Tensor& bias, RunRows run_rows) {
   const at::Tensor x_rows = as_rows(x);
   at::Tensor grad_h = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor grad_bias = at::empty(bias.sizes(), bias.options().memory_format(at::MemoryFormat::Contiguous));
   run_rows(RowwiseProblem<3, 1>{{row_operand(as_rows(grad)), row_operand(x_rows), row_operand(bias)},
-                                {row_output(grad_h.view(x_rows.sizes()))}, x_rows.size(0), x_rows.size(1)});
-  return grad_h;
+                                {row_output(grad_h.view(x_rows.sizes()))}, x_rows.size(0), x_rows.size(1)},
+           grad_bias);
+  return {grad_h, grad_bias};
 }
 
 at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation);
-at::Tensor bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                  GeluApproximation approximation);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
+                                                          const at::Tensor& bias, GeluApproximation approximation);
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation);
-at::Tensor bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                   GeluApproximation approximation);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
+                                                           const at::Tensor& bias, GeluApproximation approximation);
 
 }  // namespace fused_ops

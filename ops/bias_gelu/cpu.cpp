@@ -10,10 +10,18 @@ at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, GeluApprox
   });
 }
 
-at::Tensor bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                  GeluApproximation approximation) {
-  return bias_gelu_backward(grad, x, bias, [&](const auto& problem) {
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
+                                                          const at::Tensor& bias, GeluApproximation approximation) {
+  return bias_gelu_backward(grad, x, bias, [&](const auto& problem, at::Tensor& grad_bias) {
     rowwise_cpu<BiasGeluBackward>(problem, x.scalar_type(), approximation);
+    if (problem.rows == 0) {
+      grad_bias.zero_();
+      return;
+    }
+    // The rounded grad_h summed over rows in float64: the reference for the GPU's sums.
+    const at::Tensor grad_h = at::from_blob(problem.outputs[0].data, {problem.rows, problem.columns},
+                                            {problem.outputs[0].row_stride, 1}, grad_bias.options());
+    grad_bias.copy_(grad_h.sum(0, /*keepdim=*/false, at::kDouble));
   });
 }
 

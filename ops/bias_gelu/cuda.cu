@@ -10,10 +10,11 @@ at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluAppro
   });
 }
 
-at::Tensor bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias,
-                                   GeluApproximation approximation) {
-  return bias_gelu_backward(grad, x, bias, [&](const auto& problem) {
-    cuda::rowwise_cuda<BiasGeluBackward>(problem, x.scalar_type(), x.device(), approximation);
+std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
+                                                           const at::Tensor& bias, GeluApproximation approximation) {
+  return bias_gelu_backward(grad, x, bias, [&](const auto& problem, const at::Tensor& grad_bias) {
+    cuda::rowwise_cuda_with_column_sums<BiasGeluBackward>(problem, x.scalar_type(), x.device(), grad_bias,
+                                                          approximation);
   });
 }
 

@@ -24,6 +24,8 @@
 #include <tuple>
 #include <type_traits>
 
+#include "cuda_column_sum.cuh"
+#include "cuda_device.cuh"
 #include "norm.h"
 
 namespace fused_ops {
@@ -456,9 +458,6 @@ __global__ void __launch_bounds__(kLongRowThreads)
   }
 }
 
-constexpr int kColumnsPerBlock = 32;
-constexpr int kRowGroups = 16;  // blockDim = (kColumnsPerBlock, kRowGroups)
-
 // Long-row path: weight (and bias) gradients by columns, from grad, h and the row statistics.
 // Each thread sums every kRowGroups-th row in order, then the groups are added in order.
 template <typename scalar_t, typename weight_t, NormKind kKind>
@@ -485,27 +484,6 @@ __global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<
     }
     static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
     if (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
-  }
-}
-
-// Cached path: grad_weight[column] = Σ_part weight_partials[part, column] (blockIdx.y = 0) and the
-// same for bias (blockIdx.y = 1, bias partials follow the weight partials); parts added in a
-// fixed order.
-template <typename acc_t, typename weight_t>
-__global__ void column_sum_kernel(const acc_t* partials, int64_t parts, int64_t columns, weight_t* grad_weight,
-                                  weight_t* grad_bias) {
-  __shared__ acc_t shared[kRowGroups][kColumnsPerBlock];
-  const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
-  const acc_t* matrix = partials + blockIdx.y * parts * columns;
-  acc_t sum = 0;
-  if (column < columns) {
-    for (int64_t part = threadIdx.y; part < parts; part += kRowGroups) sum += matrix[part * columns + column];
-  }
-  shared[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && column < columns) {
-    for (int group = 1; group < kRowGroups; ++group) sum += shared[group][threadIdx.x];
-    (blockIdx.y == 0 ? grad_weight : grad_bias)[column] = static_cast<weight_t>(sum);
   }
 }
 
@@ -549,22 +527,19 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes) {
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   int blocks_per_sm = 0;
-  int sms = 0;
   if (shared_bytes > 48 * 1024) {  // opt in to more than the default dynamic shared memory
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
   }
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return cache.emplace(key, int64_t(std::max(1, blocks_per_sm)) * sms).first->second;
+  return cache.emplace(key, int64_t(std::max(1, blocks_per_sm)) * sm_count(device)).first->second;
 }
 
 // Persistent grid for `rows` rows: as many blocks as fit on the GPU at once, at most
 // max_blocks_per_sm per SM and one per row.
 template <typename Kernel>
 unsigned int persistent_grid(Kernel kernel, int threads, size_t shared_bytes, int64_t rows, int max_blocks_per_sm) {
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c10::cuda::current_device()));
-  const int64_t blocks = std::min(resident_blocks(kernel, threads, shared_bytes), int64_t(sms) * max_blocks_per_sm);
+  const int64_t blocks =
+      std::min(resident_blocks(kernel, threads, shared_bytes), int64_t(sm_count()) * max_blocks_per_sm);
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(rows, blocks)));
 }
 
@@ -661,8 +636,6 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
     using acc_t = at::opmath_type<scalar_t>;
     const auto acc_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device);
     const int sums = kKind == NormKind::Layer ? 2 : 1;  // weight (and bias)
-    const dim3 column_block(kColumnsPerBlock, kRowGroups);
-    const unsigned int column_blocks = static_cast<unsigned int>((p.columns + kColumnsPerBlock - 1) / kColumnsPerBlock);
     const bool vectorized = backward_vectorizable<scalar_t, weight_t>(p);
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
@@ -684,10 +657,8 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
           kernel<<<grid, config.threads, shared_bytes, stream>>>(p, weight_partials, bias_partials);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           if (grid > 1) {
-            column_sum_kernel<<<dim3(column_blocks, sums), column_block, 0, stream>>>(
-                weight_partials, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
-                static_cast<weight_t*>(p.grad_bias));
-            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
+                               static_cast<weight_t*>(p.grad_bias), stream);
           }
         };
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
@@ -703,8 +674,9 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
         norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
             <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p, statistics.mutable_data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        weight_grad_kernel<scalar_t, weight_t, kKind><<<column_blocks, column_block, 0, stream>>>(
-            p, statistics.const_data_ptr<acc_t>());
+        weight_grad_kernel<scalar_t, weight_t, kKind>
+            <<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, kRowGroups), 0, stream>>>(
+                p, statistics.const_data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       }
     });

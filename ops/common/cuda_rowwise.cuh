@@ -1,15 +1,18 @@
 #pragma once
 // Rowwise CUDA loop (see rowwise.h). Grid: x covers the columns of one row (one thread per
 // 16-byte vector, one block per 256 vectors, as measured fastest in docs/benchmarks.md), y walks
-// the rows. Fast path: every operand has contiguous, 16-byte-aligned rows; otherwise one
-// element per thread with any strides.
+// the rows, up to kMaxRowsPerThread at a time. Fast path: every operand has contiguous,
+// 16-byte-aligned rows; otherwise one element per thread with any strides.
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <type_traits>
 
+#include "cuda_column_sum.cuh"
+#include "cuda_device.cuh"
 #include "cuda_elementwise.cuh"
 #include "rowwise.h"
 
@@ -18,37 +21,66 @@ namespace cuda {
 
 constexpr int64_t kMaxGridRows = 65535;
 
-template <typename scalar_t, int kInputs, int kOutputs, typename Op>
+// Each thread takes kRowsPerThread rows of its column vector and issues all their loads before
+// computing: the activations spend tens of instructions per element, so one load in flight per
+// thread left the memory system idle while warps computed. Small grids (decode) keep one row per
+// thread, where latency matters more than loads in flight.
+constexpr int kMaxRowsPerThread = 2;
+
+// With a sum_t other than void, each thread also adds output 0 over the rows it visits and block
+// row y writes its sums as row y of `column_sums` [gridDim.y, columns]: partial sums in opmath
+// for launch_column_sums, or the final sums in scalar_t when gridDim.y is 1.
+template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    rowwise_vectorized_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op) {
+    rowwise_vectorized_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, sum_t* column_sums) {
+  constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   const int64_t vectors_per_row = problem.columns / Vec::kSize;
+  const int64_t row_step = int64_t(gridDim.y) * kRowsPerThread;
   for (int64_t vector = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; vector < vectors_per_row;
        vector += int64_t(gridDim.x) * blockDim.x) {
-    for (int64_t row = blockIdx.y; row < problem.rows; row += gridDim.y) {
-      Vec in_vectors[kInputs];
+    opmath_t sums[Vec::kSize] = {};
+    for (int64_t first_row = int64_t(blockIdx.y) * kRowsPerThread; first_row < problem.rows;
+         first_row += row_step) {
+      Vec in_vectors[kRowsPerThread][kInputs];
 #pragma unroll
-      for (int i = 0; i < kInputs; ++i) {
-        in_vectors[i] = load_vec16(
-            static_cast<const scalar_t*>(problem.inputs[i].data) + row * problem.inputs[i].row_stride, vector);
-      }
-      Vec out_vectors[kOutputs];
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int64_t row = first_row + r;
+        if (r > 0 && row >= problem.rows) break;
 #pragma unroll
-      for (int j = 0; j < Vec::kSize; ++j) {
-        opmath_t in[kInputs];
-        opmath_t out[kOutputs];
-#pragma unroll
-        for (int i = 0; i < kInputs; ++i) in[i] = static_cast<opmath_t>(in_vectors[i].values[j]);
-        op(in, out);
-#pragma unroll
-        for (int o = 0; o < kOutputs; ++o) out_vectors[o].values[j] = static_cast<scalar_t>(out[o]);
+        for (int i = 0; i < kInputs; ++i) {
+          in_vectors[r][i] = load_vec16(
+              static_cast<const scalar_t*>(problem.inputs[i].data) + row * problem.inputs[i].row_stride, vector);
+        }
       }
 #pragma unroll
-      for (int o = 0; o < kOutputs; ++o) {
-        store_vec16(static_cast<scalar_t*>(problem.outputs[o].data) + row * problem.outputs[o].row_stride,
-                    vector, out_vectors[o]);
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const int64_t row = first_row + r;
+        if (r > 0 && row >= problem.rows) break;
+        Vec out_vectors[kOutputs];
+#pragma unroll
+        for (int j = 0; j < Vec::kSize; ++j) {
+          opmath_t in[kInputs];
+          opmath_t out[kOutputs];
+#pragma unroll
+          for (int i = 0; i < kInputs; ++i) in[i] = static_cast<opmath_t>(in_vectors[r][i].values[j]);
+          op(in, out);
+          if constexpr (kSumFirstOutput) sums[j] += out[0];
+#pragma unroll
+          for (int o = 0; o < kOutputs; ++o) out_vectors[o].values[j] = static_cast<scalar_t>(out[o]);
+        }
+#pragma unroll
+        for (int o = 0; o < kOutputs; ++o) {
+          store_vec16(static_cast<scalar_t*>(problem.outputs[o].data) + row * problem.outputs[o].row_stride,
+                      vector, out_vectors[o]);
+        }
       }
+    }
+    if constexpr (kSumFirstOutput) {
+      sum_t* row_sums = column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize;
+#pragma unroll
+      for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
     }
   }
 }
@@ -104,15 +136,72 @@ void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarTy
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "rowwise_cuda", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const Op<opmath_t> op{params...};
-    const unsigned int grid_rows = static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows));
     if (rows_are_vectorizable(problem, sizeof(scalar_t))) {
-      const dim3 grid(grid_size(problem.columns / Vec16<scalar_t>::kSize), grid_rows);
-      rowwise_vectorized_kernel<scalar_t><<<grid, kThreadsPerBlock, 0, stream>>>(problem, op);
+      const unsigned int column_blocks = grid_size(problem.columns / Vec16<scalar_t>::kSize);
+      const int64_t row_groups = (problem.rows + kMaxRowsPerThread - 1) / kMaxRowsPerThread;
+      if (row_groups * column_blocks >= 4 * int64_t(sm_count())) {
+        const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(row_groups, kMaxGridRows)));
+        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void>
+            <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
+      } else {
+        const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
+        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, 1, void>
+            <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
+      }
     } else {
-      const dim3 grid(grid_size(problem.columns), grid_rows);
+      const dim3 grid(grid_size(problem.columns), static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
       rowwise_strided_kernel<scalar_t><<<grid, kThreadsPerBlock, 0, stream>>>(problem, op);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// rowwise_cuda, and column_sums[column] = Σ_row output 0 [row, column] (column_sums: [columns] of
+// `dtype`). Fast path: summed in opmath before output 0 is rounded, in a fixed order.
+template <template <typename> class Op, int kInputs, int kOutputs, typename... Params>
+void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype,
+                                   c10::Device device, at::Tensor column_sums, Params... params) {
+  if (problem.columns == 0) return;
+  if (problem.rows == 0) {
+    column_sums.zero_();
+    return;
+  }
+  const c10::cuda::CUDAGuard device_guard(device);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_FLOATING_TYPES(dtype, "rowwise_cuda_with_column_sums", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    if (!rows_are_vectorizable(problem, sizeof(scalar_t))) {
+      // General path: the strided loop, then aten's (deterministic) sum of the rounded output.
+      rowwise_cuda<Op>(problem, dtype, device, params...);
+      const RowOutput& output = problem.outputs[0];
+      const at::Tensor output_rows = at::from_blob(output.data, {problem.rows, problem.columns},
+                                                   {output.row_stride, 1}, column_sums.options());
+      at::sum_out(column_sums, output_rows, {0});
+      return;
+    }
+    const Op<opmath_t> op{params...};
+    const int64_t vectors_per_row = problem.columns / Vec16<scalar_t>::kSize;
+    const unsigned int column_blocks = grid_size(vectors_per_row);
+    // Enough blocks to fill the GPU (8 per SM), each looping over its rows; the partial rows cost
+    // about 1/(rows / row_blocks) of the output's traffic.
+    const int64_t row_groups = (problem.rows + kMaxRowsPerThread - 1) / kMaxRowsPerThread;
+    const int64_t row_blocks = std::max<int64_t>(
+        1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
+    const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
+    if (row_blocks == 1) {  // one block row (few rows): it writes the sums itself, one launch
+      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t>
+          <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    const at::Tensor partials =
+        at::empty({row_blocks, problem.columns}, column_sums.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
+    opmath_t* partial_rows = partials.mutable_data_ptr<opmath_t>();
+    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, opmath_t>
+        <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, partial_rows);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_column_sums(partial_rows, 1, row_blocks, problem.columns, column_sums.mutable_data_ptr<scalar_t>(),
+                       static_cast<scalar_t*>(nullptr), stream);
   });
 }
 

@@ -1,0 +1,16 @@
+#pragma once
+// Facts about the current GPU that launch configurations depend on.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+namespace fused_ops {
+namespace cuda {
+
+inline int sm_count(int device = c10::cuda::current_device()) {
+  int sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
+}  // namespace cuda
+}  // namespace fused_ops
