@@ -304,7 +304,7 @@ def plot(result, path):
         counts[key] = counts.get(key, 0) + 1
     groups = sorted(key for key, count in counts.items() if count >= 3)  # size sweeps only
     if not groups:
-        return
+        return False
     columns = 4
     lines = (len(groups) + columns - 1) // columns
     figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 4 * lines), squeeze=False)
@@ -325,6 +325,7 @@ def plot(result, path):
     figure.suptitle(f"{result['device']}, torch {result['torch']}, {result['date']}")
     figure.tight_layout()
     figure.savefig(path, dpi=80)
+    return True
 
 
 def main():
@@ -347,8 +348,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as file:
         json.dump(result, file, indent=1)
-    plot(result, os.path.join(args.out, "bench.png"))
-    print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
+    plotted = plot(result, os.path.join(args.out, "bench.png"))
+    print(f"wrote {args.out}/bench.json" + (f" and {args.out}/bench.png" if plotted else " (no size sweep to plot)"))
 
 
 if __name__ == "__main__":
