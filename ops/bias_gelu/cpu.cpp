@@ -18,7 +18,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
       grad_bias.zero_();
       return;
     }
-    // The rounded grad_h summed over rows in float64: the reference for the GPU's sums.
+    // Summed over rows in float64 (from grad_h as stored; the GPU sums before rounding).
     const at::Tensor grad_h = at::from_blob(problem.outputs[0].data, {problem.rows, problem.columns},
                                             {problem.outputs[0].row_stride, 1}, grad_bias.options());
     grad_bias.copy_(grad_h.sum(0, /*keepdim=*/false, at::kDouble));
