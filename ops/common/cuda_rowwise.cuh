@@ -27,6 +27,50 @@ constexpr int64_t kMaxGridRows = 65535;
 // thread, where latency matters more than loads in flight.
 constexpr int kMaxRowsPerThread = 2;
 
+// Small grids (decode: a few rows) use 64-thread blocks, so that a row of 8192 16-bit values
+// spreads over 16 SMs instead of 4: the loads of one SM, not DRAM, bound such a kernel.
+constexpr int kSmallGridThreadsPerBlock = 64;
+
+template <typename scalar_t, int kInputs, int kOutputs>
+__device__ __forceinline__ void load_row_vectors(const RowwiseProblem<kInputs, kOutputs>& problem, int64_t row,
+                                                 int64_t vector, Vec16<scalar_t> (&in_vectors)[kInputs]) {
+#pragma unroll
+  for (int i = 0; i < kInputs; ++i) {
+    in_vectors[i] = load_vec16(
+        static_cast<const scalar_t*>(problem.inputs[i].data) + row * problem.inputs[i].row_stride, vector);
+  }
+}
+
+// Applies the op to one loaded vector of `row`, stores the outputs and, with kSumFirstOutput, adds
+// output 0 (in opmath, before rounding) to `sums`.
+template <bool kSumFirstOutput, typename scalar_t, int kInputs, int kOutputs, typename Op, typename opmath_t>
+__device__ __forceinline__ void apply_row_vector(const RowwiseProblem<kInputs, kOutputs>& problem, const Op& op,
+                                                 int64_t row, int64_t vector,
+                                                 const Vec16<scalar_t> (&in_vectors)[kInputs],
+                                                 opmath_t (&sums)[Vec16<scalar_t>::kSize]) {
+  constexpr int kSize = Vec16<scalar_t>::kSize;
+  opmath_t in_values[kInputs][kSize];
+#pragma unroll
+  for (int i = 0; i < kInputs; ++i) unpack_vec16(in_vectors[i], in_values[i]);
+  opmath_t out_values[kOutputs][kSize];
+#pragma unroll
+  for (int j = 0; j < kSize; ++j) {
+    opmath_t in[kInputs];
+    opmath_t out[kOutputs];
+#pragma unroll
+    for (int i = 0; i < kInputs; ++i) in[i] = in_values[i][j];
+    op(in, out);
+    if constexpr (kSumFirstOutput) sums[j] += out[0];
+#pragma unroll
+    for (int o = 0; o < kOutputs; ++o) out_values[o][j] = out[o];
+  }
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) {
+    store_vec16(static_cast<scalar_t*>(problem.outputs[o].data) + row * problem.outputs[o].row_stride, vector,
+                pack_vec16<scalar_t>(out_values[o]));
+  }
+}
+
 // With a sum_t other than void, each thread also adds output 0 over the rows it visits and block
 // row y writes its sums as row y of `column_sums` [gridDim.y, columns]: partial sums in opmath
 // for launch_column_sums, or the final sums in scalar_t when gridDim.y is 1.
@@ -46,35 +90,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       Vec in_vectors[kRowsPerThread][kInputs];
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
-        const int64_t row = first_row + r;
-        if (r > 0 && row >= problem.rows) break;
-#pragma unroll
-        for (int i = 0; i < kInputs; ++i) {
-          in_vectors[r][i] = load_vec16(
-              static_cast<const scalar_t*>(problem.inputs[i].data) + row * problem.inputs[i].row_stride, vector);
-        }
+        if (r > 0 && first_row + r >= problem.rows) break;
+        load_row_vectors(problem, first_row + r, vector, in_vectors[r]);
       }
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
-        const int64_t row = first_row + r;
-        if (r > 0 && row >= problem.rows) break;
-        Vec out_vectors[kOutputs];
-#pragma unroll
-        for (int j = 0; j < Vec::kSize; ++j) {
-          opmath_t in[kInputs];
-          opmath_t out[kOutputs];
-#pragma unroll
-          for (int i = 0; i < kInputs; ++i) in[i] = static_cast<opmath_t>(in_vectors[r][i].values[j]);
-          op(in, out);
-          if constexpr (kSumFirstOutput) sums[j] += out[0];
-#pragma unroll
-          for (int o = 0; o < kOutputs; ++o) out_vectors[o].values[j] = static_cast<scalar_t>(out[o]);
-        }
-#pragma unroll
-        for (int o = 0; o < kOutputs; ++o) {
-          store_vec16(static_cast<scalar_t*>(problem.outputs[o].data) + row * problem.outputs[o].row_stride,
-                      vector, out_vectors[o]);
-        }
+        if (r > 0 && first_row + r >= problem.rows) break;
+        apply_row_vector<kSumFirstOutput>(problem, op, first_row + r, vector, in_vectors[r], sums);
       }
     }
     if constexpr (kSumFirstOutput) {
@@ -82,6 +104,53 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #pragma unroll
       for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
     }
+  }
+}
+
+// Column sums over few rows (decode) in one launch with every element in its own thread: a block
+// is kFewRowsVectorsPerBlock column vectors x kFewRowsLanes row lanes, lane l takes rows l,
+// l + kFewRowsLanes, ...; the lanes' sums meet in shared memory and are added in lane order
+// (deterministic). One thread per column over all rows instead left each SM a few warps running
+// hundreds of dependent instructions each (measured slower than two launches).
+constexpr int kFewRowsLanes = 16;
+constexpr int kFewRowsVectorsPerBlock = kThreadsPerBlock / kFewRowsLanes;
+constexpr int64_t kMaxFewRows = 4 * kFewRowsLanes;
+
+template <typename scalar_t, int kInputs, int kOutputs, typename Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    rowwise_few_rows_column_sums_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, scalar_t* column_sums) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vec16<scalar_t>;
+  __shared__ opmath_t lane_sums[kFewRowsLanes][kFewRowsVectorsPerBlock][Vec::kSize];
+  const int64_t vectors_per_row = problem.columns / Vec::kSize;
+  const int64_t vector_groups = (vectors_per_row + kFewRowsVectorsPerBlock - 1) / kFewRowsVectorsPerBlock;
+  for (int64_t group = blockIdx.x; group < vector_groups; group += gridDim.x) {
+    const int64_t vector = group * kFewRowsVectorsPerBlock + threadIdx.x;
+    opmath_t sums[Vec::kSize] = {};
+    if (vector < vectors_per_row) {
+      for (int64_t row = threadIdx.y; row < problem.rows; row += kFewRowsLanes) {
+        Vec in_vectors[kInputs];
+        load_row_vectors(problem, row, vector, in_vectors);
+        apply_row_vector<true>(problem, op, row, vector, in_vectors, sums);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Vec::kSize; ++j) lane_sums[threadIdx.y][threadIdx.x][j] = sums[j];
+    __syncthreads();
+    // Thread t adds column t of the group over the lanes: consecutive threads, consecutive columns.
+    const int thread = threadIdx.y * kFewRowsVectorsPerBlock + threadIdx.x;
+    if (thread < kFewRowsVectorsPerBlock * Vec::kSize) {
+      const int group_vector = thread / Vec::kSize;
+      const int element = thread % Vec::kSize;
+      const int64_t column = (group * kFewRowsVectorsPerBlock + group_vector) * Vec::kSize + element;
+      if (column < problem.columns) {
+        opmath_t sum = 0;
+#pragma unroll
+        for (int lane = 0; lane < kFewRowsLanes; ++lane) sum += lane_sums[lane][group_vector][element];
+        column_sums[column] = static_cast<scalar_t>(sum);
+      }
+    }
+    __syncthreads();  // lane_sums is rewritten by the next group
   }
 }
 
@@ -144,9 +213,10 @@ void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarTy
         rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void>
             <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
       } else {
-        const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
+        const dim3 grid(grid_size(problem.columns / Vec16<scalar_t>::kSize, kSmallGridThreadsPerBlock),
+                        static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
         rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, 1, void>
-            <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
+            <<<grid, kSmallGridThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
       }
     } else {
       const dim3 grid(grid_size(problem.columns), static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
@@ -181,6 +251,13 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     }
     const Op<opmath_t> op{params...};
     const int64_t vectors_per_row = problem.columns / Vec16<scalar_t>::kSize;
+    if (problem.rows <= kMaxFewRows) {
+      const dim3 block(kFewRowsVectorsPerBlock, kFewRowsLanes);
+      rowwise_few_rows_column_sums_kernel<scalar_t><<<grid_size(vectors_per_row, kFewRowsVectorsPerBlock), block, 0,
+                                                      stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
     const unsigned int column_blocks = grid_size(vectors_per_row);
     // Enough blocks to fill the GPU (8 per SM), each looping over its rows; the partial rows cost
     // about 1/(rows / row_blocks) of the output's traffic.
@@ -188,7 +265,7 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     const int64_t row_blocks = std::max<int64_t>(
         1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
     const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
-    if (row_blocks == 1) {  // one block row (few rows): it writes the sums itself, one launch
+    if (row_blocks == 1) {  // one block row (rows of millions of columns): it writes the sums itself
       rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t>
           <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
