@@ -119,8 +119,9 @@ def test_nan_and_inf_follow_eager(spec, device):
 
 
 # (1025, 40): many rows per block of the fused bias-gradient sums, and an odd last row pair.
-# (2, 3, 64) and (40, 520): the few-rows column-sum kernel on CUDA (one and several column groups).
-@pytest.mark.parametrize("shape", [(33, 17), (2, 3, 64), (40, 520), (129,), (1025, 40)])
+# On CUDA, bias_gelu's bias gradient: (2, 64) one thread per column over both rows, (2, 3, 64) and
+# (40, 520) the few-rows kernel (one and several column groups), (1025, 40) partial rows + column sums.
+@pytest.mark.parametrize("shape", [(33, 17), (2, 64), (2, 3, 64), (40, 520), (129,), (1025, 40)])
 def test_gradients(spec, device, dtype, shape):
     inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
     grad_out = random(shape, dtype, device)

@@ -251,6 +251,13 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     }
     const Op<opmath_t> op{params...};
     const int64_t vectors_per_row = problem.columns / Vec16<scalar_t>::kSize;
+    if (problem.rows <= kMaxRowsPerThread) {  // each thread holds every row: no lanes to add up
+      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t>
+          <<<grid_size(vectors_per_row, kSmallGridThreadsPerBlock), kSmallGridThreadsPerBlock, 0, stream>>>(
+              problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
     if (problem.rows <= kMaxFewRows) {
       const dim3 block(kFewRowsVectorsPerBlock, kFewRowsLanes);
       rowwise_few_rows_column_sums_kernel<scalar_t><<<grid_size(vectors_per_row, kFewRowsVectorsPerBlock), block, 0,
