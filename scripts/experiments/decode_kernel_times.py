@@ -1,11 +1,13 @@
 """Where a decode-sized call's time goes: the GPU kernels of one forward or forward+backward step,
 fused op against torch.compile of the composite, with each kernel's duration (torch.profiler,
-CUPTI), next to the CUDA-graph time `scripts/bench.py` reports for the same step.
+CUPTI), next to the CUDA-graph time `scripts/bench.py` reports for the same step. relu_add runs
+on float32 4096, 16384 and 65536 elements (issue 2's CUDA-graph target), the others on bf16 rows
+of 8192 (`--rows`; 16384 works too, timed without graphs).
 
 The graph time minus the sum of kernel durations is what launches and gaps cost; a kernel that
 takes microseconds on 8192 elements is latency-bound inside (serial reductions, few warps).
 
-    python scripts/experiments/decode_kernel_times.py [--ops bias_gelu_tanh norms ...] [--rows 1 16]
+    python scripts/experiments/decode_kernel_times.py [--ops relu_add bias_gelu_tanh norms ...] [--rows 1 16]
 """
 import argparse
 import collections
@@ -42,15 +44,16 @@ def kernel_times(step):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ops", nargs="+", default=[*bench.ACTIVATIONS, "norms"])
+    parser.add_argument("--ops", nargs="+", default=["relu_add", *bench.ACTIVATIONS, "norms"])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 16])
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode_kernel_times.py needs a CUDA device")
-    for op, dtype, shape, numel, make_inputs, fused, composite, *_ in bench.workloads(
-            "cuda", [torch.bfloat16], [], args.ops):
-        if shape[0] not in args.rows:
-            continue
+    relu_add_sizes = [1 << 12, 1 << 14, 1 << 16] if "relu_add" in args.ops else []
+    relu_add_cases = list(bench.workloads("cuda", [torch.float32], relu_add_sizes, ["relu_add"]))
+    row_cases = [case for case in bench.workloads("cuda", [torch.bfloat16], [], args.ops)
+                 if case[0] != "relu_add" and case[1] == torch.bfloat16 and case[2][0] in args.rows]
+    for op, dtype, shape, numel, make_inputs, fused, composite, *_ in relu_add_cases + row_cases:
         inputs = make_inputs()
         grads = [torch.randn(out.shape, device="cuda", dtype=dtype) for out in bench.as_outputs(fused(*inputs))]
         torch._dynamo.reset()
