@@ -1,8 +1,10 @@
 #pragma once
 // Rowwise CUDA loop (see rowwise.h). Grid: x covers the columns of one row (one thread per
-// 16-byte vector, one block per 256 vectors, as measured fastest in docs/benchmarks.md), y walks
-// the rows, up to kMaxRowsPerThread at a time. Fast path: every operand has contiguous,
-// 16-byte-aligned rows; otherwise one element per thread with any strides.
+// 16-byte vector, one block per 256 vectors as measured fastest in docs/benchmarks.md, 64 for
+// small grids), y walks the rows, up to kMaxRowsPerThread at a time. Fast path: every operand has
+// contiguous, 16-byte-aligned rows; otherwise one element per thread with any strides.
+// Column sums of output 0 (bias gradients): partial rows + column_sum_kernel for many rows, one
+// launch for up to kMaxFewRows rows (decode).
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
