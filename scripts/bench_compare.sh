@@ -25,3 +25,5 @@ echo "[bench_compare] this checkout"
 "$PY" scripts/bench.py --out "$OUTDIR/new" "$@" > "$OUTDIR/new.log" 2>&1
 grep -v "^\[" "$OUTDIR/new.log" | tail -n 40
 rm -rf "$BASE_SITE"
+# Four files remain (base.log, new.log and the two bench.json): the device tool returns 8 at most.
+rm -f "$OUTDIR/base/bench.png" "$OUTDIR/new/bench.png" "$OUTDIR/base_build.log" "$OUTDIR/setup.log"
