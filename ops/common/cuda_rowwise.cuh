@@ -30,7 +30,8 @@ constexpr int64_t kMaxGridRows = 65535;
 constexpr int kMaxRowsPerThread = 2;
 
 // Small grids (decode: a few rows) use 64-thread blocks, so that a row of 8192 16-bit values
-// spreads over 16 SMs instead of 4: the loads of one SM, not DRAM, bound such a kernel.
+// spreads over 16 SMs instead of 4 (decode forwards 0.1-0.2 µs faster in the run that brought it
+// in, together with other changes: docs/benchmarks.md, Change 2).
 constexpr int kSmallGridThreadsPerBlock = 64;
 
 template <typename scalar_t, int kInputs, int kOutputs>
