@@ -26,6 +26,7 @@
 
 #include "cuda_column_sum.cuh"
 #include "cuda_device.cuh"
+#include "cuda_elementwise.cuh"
 #include "norm.h"
 
 namespace fused_ops {
@@ -306,24 +307,33 @@ __global__ void __launch_bounds__(kNormMaxThreads)
   for (int k = 0; k < kPacks; ++k) {
     const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
     if (pack >= packs_per_row) continue;
+    acc_t weight_sum[kWidth], bias_sum[kWidth];
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
-      const int64_t column = pack * kWidth + j;
       const int64_t chunk = (j / kChunk) * packs_per_row + pack;
-      acc_t weight_sum, bias_sum = 0;
       if constexpr (kSharedSums) {
-        weight_sum = weight_sums[chunk].values[j % kChunk];
-        if constexpr (kKind == NormKind::Layer) bias_sum = bias_sums[chunk].values[j % kChunk];
+        weight_sum[j] = weight_sums[chunk].values[j % kChunk];
+        if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_sums[chunk].values[j % kChunk];
       } else {
-        weight_sum = weight_registers[k][j / kChunk].values[j % kChunk];
-        if constexpr (kKind == NormKind::Layer) bias_sum = bias_registers[k][j / kChunk].values[j % kChunk];
+        weight_sum[j] = weight_registers[k][j / kChunk].values[j % kChunk];
+        if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_registers[k][j / kChunk].values[j % kChunk];
       }
-      if (gridDim.x == 1) {
-        static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
-        if constexpr (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
-      } else {
-        weight_partials[blockIdx.x * p.columns + column] = weight_sum;
-        if constexpr (kKind == NormKind::Layer) bias_partials[blockIdx.x * p.columns + column] = bias_sum;
+    }
+    if (gridDim.x == 1) {
+      weight_t weight_out[kWidth], bias_out[kWidth];
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        weight_out[j] = static_cast<weight_t>(weight_sum[j]);
+        if constexpr (kKind == NormKind::Layer) bias_out[j] = static_cast<weight_t>(bias_sum[j]);
+      }
+      store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_out);
+      if constexpr (kKind == NormKind::Layer) {
+        store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_out);
+      }
+    } else {
+      store_consecutive(weight_partials + blockIdx.x * p.columns + pack * kWidth, weight_sum);
+      if constexpr (kKind == NormKind::Layer) {
+        store_consecutive(bias_partials + blockIdx.x * p.columns + pack * kWidth, bias_sum);
       }
     }
   }
@@ -574,7 +584,8 @@ bool backward_vectorizable(const NormBackwardProblem& p) {
   return p.columns % width == 0 && row_aligned(p.x, p.x_row_stride, sizeof(scalar_t)) &&
          row_aligned(p.grad, p.grad_row_stride, sizeof(scalar_t)) &&
          row_aligned(p.grad_residual, p.grad_residual_row_stride, sizeof(scalar_t)) &&
-         pointer_aligned(p.grad_x, 16) && pointer_aligned(p.weight, int64_t(sizeof(weight_t)) * width);
+         pointer_aligned(p.grad_x, 16) && pointer_aligned(p.weight, int64_t(sizeof(weight_t)) * width) &&
+         pointer_aligned(p.grad_weight, 16) && pointer_aligned(p.grad_bias, 16);
 }
 
 // Backward blocks per SM (occupancy allows two to four): each adds one partial row to sum.

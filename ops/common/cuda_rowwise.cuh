@@ -103,9 +103,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       }
     }
     if constexpr (kSumFirstOutput) {
-      sum_t* row_sums = column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize;
+      sum_t row_sums[Vec::kSize];
 #pragma unroll
       for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
+      store_consecutive(column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize, row_sums);
     }
   }
 }
@@ -243,7 +244,7 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "rowwise_cuda_with_column_sums", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
-    if (!rows_are_vectorizable(problem, sizeof(scalar_t))) {
+    if (!rows_are_vectorizable(problem, sizeof(scalar_t)) || !is_aligned16(column_sums.const_data_ptr())) {
       // General path: the strided loop, then aten's (deterministic) sum of the rounded output.
       rowwise_cuda<Op>(problem, dtype, device, params...);
       const RowOutput& output = problem.outputs[0];

@@ -10,7 +10,7 @@ set -euo pipefail
 OUTFILE="${1:?usage: stall_reasons.sh OUTFILE [python statement]}"
 STATEMENT="${2:-torch.ops.fused.bias_gelu(x, bias, 'none')}"
 source "$(dirname "${BASH_SOURCE[0]}")/../setup.sh" > /dev/null
-ncu --kernel-name regex:fused_ops --launch-skip 3 --launch-count 1 \
+ncu --kernel-name-base demangled --kernel-name regex:fused_ops --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis --section LaunchStats \
     "$PY" -c "
