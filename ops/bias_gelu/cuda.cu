@@ -5,16 +5,18 @@
 namespace fused_ops {
 
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation) {
+  const GeluApproximation kernel_approximation = for_16_bit_results(approximation, x.element_size() == 2);
   return bias_gelu_forward(x, bias, [&](const auto& problem) {
-    cuda::rowwise_cuda<BiasGeluForward>(problem, x.scalar_type(), x.device(), approximation);
+    cuda::rowwise_cuda<BiasGeluForward>(problem, x.scalar_type(), x.device(), kernel_approximation);
   });
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
                                                            const at::Tensor& bias, GeluApproximation approximation) {
+  const GeluApproximation kernel_approximation = for_16_bit_results(approximation, x.element_size() == 2);
   return bias_gelu_backward(grad, x, bias, [&](const auto& problem, const at::Tensor& grad_bias) {
     cuda::rowwise_cuda_with_column_sums<BiasGeluBackward>(problem, x.scalar_type(), x.device(), grad_bias,
-                                                          approximation);
+                                                          kernel_approximation);
   });
 }
 

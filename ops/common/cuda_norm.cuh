@@ -33,6 +33,11 @@ namespace fused_ops {
 namespace cuda {
 
 constexpr int kNormMaxThreads = 512;
+// Decode (at most kNormFewRows rows, about one per SM): a row of up to kNormWideBlockThreads packs
+// gets one pack per thread in a block of that many threads, so that one SM's row work is spread
+// over 32 warps instead of 8 (the backward of one row of 8192 took 3.2 µs with 256 threads).
+constexpr int kNormWideBlockThreads = 1024;
+constexpr int64_t kNormFewRows = 128;
 constexpr int kNormMaxPacksPerThread = 4;
 constexpr int64_t kMaxCachedPacks = int64_t(kNormMaxThreads) * kNormMaxPacksPerThread;
 constexpr int kLongRowThreads = 1024;
@@ -144,7 +149,8 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
 
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
-__global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(NormForwardProblem p) {
+__global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
+    norm_forward_cached_kernel(NormForwardProblem p) {
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
@@ -204,8 +210,10 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_kernel(No
 // end as row blockIdx.x of weight_partials / bias_partials ([gridDim.x, columns], opmath), or, for a
 // grid of one block, directly in grad_weight / grad_bias. Measured on an H200 (docs/benchmarks.md):
 // registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
+// The LayerNorm backward keeps blocks of at most kNormMaxThreads: at 64 registers (1024 threads) one
+// pack per thread spills.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
-__global__ void __launch_bounds__(kNormMaxThreads)
+__global__ void __launch_bounds__(kPacks == 1 && kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
                                 at::opmath_type<scalar_t>* bias_partials) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -601,9 +609,17 @@ void with_pack_width(bool vectorized, Body body) {
   }
 }
 
+// Decode rows that get one pack per thread (kNormWideBlockThreads).
+inline bool wide_block_rows(int64_t rows, int64_t packs) {
+  return rows <= kNormFewRows && packs <= kNormWideBlockThreads;
+}
+
 // Threads per block for cached forward rows: many rows stream best with blocks of 256; a few rows
 // (decode) get wider blocks so each row is read by more threads at once.
-inline int cached_max_threads(int64_t rows) { return rows >= 1024 ? 256 : kNormMaxThreads; }
+inline int cached_max_threads(int64_t rows, int64_t packs) {
+  if (wide_block_rows(rows, packs)) return kNormWideBlockThreads;
+  return rows >= 1024 ? 256 : kNormMaxThreads;
+}
 
 template <NormKind kKind>
 void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
@@ -617,7 +633,7 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
       if (packs <= kMaxCachedPacks) {
-        const CachedConfig config = cached_config(packs, cached_max_threads(p.rows));
+        const CachedConfig config = cached_config(packs, cached_max_threads(p.rows, packs));
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>
               <<<row_grid(p.rows), config.threads, 0, stream>>>(p);
@@ -654,7 +670,8 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
       if (packs <= kMaxCachedPacks) {
         // Measured on an H200 (scripts/experiments/norm_backward_variants.py): blocks of 256 for rows
         // of over 512 packs, of 512 otherwise; sums in registers for RMS rows of over 512 packs.
-        const int max_threads = packs > 512 ? 256 : kNormMaxThreads;
+        int max_threads = packs > 512 ? 256 : kNormMaxThreads;
+        if (wide_block_rows(p.rows, packs)) max_threads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
         const bool shared_sums = kKind == NormKind::Layer || packs <= 512;
         const CachedConfig config = cached_config(packs, max_threads);
         auto launch = [&](auto kernel, bool uses_shared) {

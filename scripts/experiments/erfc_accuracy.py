@@ -1,11 +1,16 @@
-"""Accuracy of the GPU's float32 Φ (gaussian_cdf in ops/common/activations.h) against float64.
+"""Accuracy of the GPU's float32 Φ (gaussian_cdf and gaussian_cdf_for_16_bit_results in
+ops/common/activations.h) against float64, and the fit of the 16-bit polynomial.
 
 Emulates the device formula in float32 numpy (exact exp2 and reciprocal: the GPU's ex2/rcp.approx
 add about 2^-22 relative) over [-20, 20] and 2e6 normal samples; prints the worst errors of
 gelu(x) = x Φ(x) and gelu'(x) = Φ(x) + x φ(x), and how many exceed float32's test tolerance
-(tests/conftest.py: 2e-6).
-    python scripts/experiments/erfc_accuracy.py
+(tests/conftest.py: 2e-6). For the 16-bit form: how many gelu results, rounded to bfloat16 and
+float16, differ from the correctly rounded value. `--fit` refits the 16-bit polynomial
+(erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + p z); minimax relative error by Lawson's iteration;
+needs scipy) for degrees 5-7 and prints the coefficients in the device's log2 units.
+    python scripts/experiments/erfc_accuracy.py [--fit]
 """
+import sys
 from math import erf, erfc, sqrt
 
 import numpy as np
@@ -25,18 +30,67 @@ def fma(a, b, c):
     return (a.astype(np.float64) * b + c).astype(np.float32)
 
 
-def gaussian_cdf_device(x):
-    t = (f(1) / fma(np.abs(x), f(0.35355339059327373), f(1))).astype(np.float32)
-    p = COEFFICIENTS[8]
-    for c in COEFFICIENTS[7::-1]:
+# gaussian_cdf_for_16_bit_results: degree 6, p = 0.425 (t_slope = p / sqrt(2)), from --fit.
+COEFFICIENTS_16_BIT = [f(c) for c in (-3.06021452, 1.44212461, 0.605197251, 0.107930101, 0.396736562,
+                                      -0.776008487, 0.28424269)]
+T_SLOPE_16_BIT = f(0.30052039)
+
+
+def gaussian_cdf_from_erfc(x, t_slope, coefficients):
+    t = (f(1) / fma(np.abs(x), t_slope, f(1))).astype(np.float32)
+    p = coefficients[-1]
+    for c in coefficients[-2::-1]:
         p = fma(p, t, c)
-    p = fma(p, t, CONSTANT)
     half_erfc = (t * np.exp2(fma((x * x).astype(np.float32), -HALF_LOG2E, p))).astype(np.float32)
     return np.where(x >= 0, f(1) - half_erfc, half_erfc)
 
 
+def gaussian_cdf_device(x):
+    return gaussian_cdf_from_erfc(x, f(0.35355339059327373), [CONSTANT] + COEFFICIENTS)
+
+
 def gelu_device(x):
     return (x * gaussian_cdf_device(x)).astype(np.float32)
+
+
+def gelu_device_16_bit(x):
+    return (x * gaussian_cdf_from_erfc(x, T_SLOPE_16_BIT, COEFFICIENTS_16_BIT)).astype(np.float32)
+
+
+def to_bfloat16(values):
+    bits = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16  # round to nearest even
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def rounding_report(name, value, reference):
+    for dtype, round_to in (("bfloat16", to_bfloat16), ("float16", lambda v: np.asarray(v).astype(np.float16))):
+        differ = round_to(value) != round_to(reference)
+        print(f"{name} rounded to {dtype}: {100 * differ.mean():.4f}% of results differ from the correctly rounded value")
+
+
+def fit(p, degree, iterations=100):
+    from scipy.special import erfcx
+    t = np.linspace(1e-6, 1.0, 200001)
+    z = (1.0 / t - 1.0) / p
+    target = np.log(erfcx(z) / t)  # P(t) in natural-log units
+    powers = np.vander(t, degree + 1, increasing=True)
+    weights = np.ones_like(t)
+    for _ in range(iterations):
+        root = np.sqrt(weights)
+        coefficients, *_ = np.linalg.lstsq(powers * root[:, None], target * root, rcond=None)
+        error = np.abs(powers @ coefficients - target)
+        weights = weights * error / (weights * error).sum()
+    return error.max(), coefficients
+
+
+def print_fits():
+    for degree, p in ((5, 0.545), (6, 0.425), (7, 0.35)):  # p: the best of a scan in steps of 0.005
+        error, coefficients = fit(p, degree)
+        device = [c * LOG2E for c in coefficients]
+        device[0] -= 1  # the 0.5 of Φ = 0.5 erfc
+        print(f"degree {degree}, p = {p}: max relative error of erfc {error:.2e}; t_slope {p / sqrt(2):.8g}; "
+              f"device coefficients {', '.join(f'{c:.9g}' for c in np.float32(device))}")
 
 
 def gelu_derivative_device(x):
@@ -61,6 +115,11 @@ def main():
     xs64 = xs.astype(np.float64)
     cdf = np.array([0.5 * erfc(-v / sqrt(2)) for v in xs64])
     report("gelu'", gelu_derivative_device(xs), cdf + xs64 * np.exp(-0.5 * xs64 * xs64) / sqrt(2 * np.pi))
+    report("gelu, 16-bit form", gelu_device_16_bit(xs), reference)
+    rounding_report("gelu", gelu_device(xs), reference)
+    rounding_report("gelu, 16-bit form", gelu_device_16_bit(xs), reference)
+    if "--fit" in sys.argv:
+        print_fits()
 
 if __name__ == "__main__":
     main()
