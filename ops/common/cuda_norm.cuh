@@ -35,7 +35,8 @@ namespace cuda {
 constexpr int kNormMaxThreads = 512;
 // Decode (at most kNormFewRows rows, about one per SM): a row of up to kNormWideBlockThreads packs
 // gets one pack per thread in a block of that many threads, so that one SM's row work is spread
-// over 32 warps instead of 8 (the backward of one row of 8192 took 3.2 µs with 256 threads).
+// over 32 warps instead of 8. Measured on an H200: decode forward+backward 0.3-1.0 µs faster
+// (docs/benchmarks.md, Change 3).
 constexpr int kNormWideBlockThreads = 1024;
 constexpr int64_t kNormFewRows = 128;
 constexpr int kNormMaxPacksPerThread = 4;
