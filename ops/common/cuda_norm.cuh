@@ -211,10 +211,13 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
 // end as row blockIdx.x of weight_partials / bias_partials ([gridDim.x, columns], opmath), or, for a
 // grid of one block, directly in grad_weight / grad_bias. Measured on an H200 (docs/benchmarks.md):
 // registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
-// The LayerNorm backward keeps blocks of at most kNormMaxThreads: at 64 registers (1024 threads) one
-// pack per thread spills.
+// Widest backward block with one pack per thread: the LayerNorm backward keeps kNormMaxThreads, since at
+// 64 registers (1024 threads) it spills.
+template <NormKind kKind>
+constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
+
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
-__global__ void __launch_bounds__(kPacks == 1 && kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads)
+__global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kKind> : kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
                                 at::opmath_type<scalar_t>* bias_partials) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -622,6 +625,15 @@ inline int cached_max_threads(int64_t rows, int64_t packs) {
   return rows >= 1024 ? 256 : kNormMaxThreads;
 }
 
+// Threads per block for cached backward rows. Measured on an H200
+// (scripts/experiments/norm_backward_variants.py): blocks of 256 for rows of over 512 packs, of 512
+// otherwise; decode rows as wide as the kernel's launch bound allows.
+template <NormKind kKind>
+int cached_backward_max_threads(int64_t rows, int64_t packs) {
+  if (wide_block_rows(rows, packs)) return kNormBackwardWideBlockThreads<kKind>;
+  return packs > 512 ? 256 : kNormMaxThreads;
+}
+
 template <NormKind kKind>
 void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
                        c10::Device device) {
@@ -669,12 +681,9 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
       if (packs <= kMaxCachedPacks) {
-        // Measured on an H200 (scripts/experiments/norm_backward_variants.py): blocks of 256 for rows
-        // of over 512 packs, of 512 otherwise; sums in registers for RMS rows of over 512 packs.
-        int max_threads = packs > 512 ? 256 : kNormMaxThreads;
-        if (wide_block_rows(p.rows, packs)) max_threads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
+        // Sums in registers for RMS rows of over 512 packs (measured, as the block sizes).
         const bool shared_sums = kKind == NormKind::Layer || packs <= 512;
-        const CachedConfig config = cached_config(packs, max_threads);
+        const CachedConfig config = cached_config(packs, cached_backward_max_threads<kKind>(p.rows, packs));
         auto launch = [&](auto kernel, bool uses_shared) {
           const size_t shared_bytes = uses_shared ? size_t(sums) * p.columns * sizeof(acc_t) : 0;
           const unsigned int grid =
