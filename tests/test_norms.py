@@ -224,6 +224,29 @@ def test_gradients(spec, device, dtype, shape, used):
         assert_close_to_reference(grad, want, dtype, SCALE * (rows ** 0.5 if is_parameter else 2))
 
 
+@pytest.mark.parametrize("shape", [(600, 8192), (300, 16384)])
+@pytest.mark.parametrize("used", ["both", "out"])
+def test_gradients_of_many_long_rows(spec, device, dtype, shape, used):
+    """More rows than resident blocks, of over 512 16-byte packs: on CUDA the backward copies each
+    block's next row into shared memory while it works on the current one (cp.async), with and
+    without a grad_residual to stage."""
+    if device != "cuda":
+        pytest.skip("the staged CUDA backward")
+    if not spec.residual and used != "both":
+        pytest.skip("one output")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+    outs = spec.fused(*inputs)
+    chosen = [0, 1][:len(outs)] if used == "both" else [0]
+    grad_outs = [random(shape, dtype, device) for _ in chosen]
+    grads = torch.autograd.grad([outs[i] for i in chosen], inputs, grad_outs)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    reference = spec.reference(*inputs64)
+    expected = torch.autograd.grad([reference[i] for i in chosen], inputs64, [g.double() for g in grad_outs])
+    for index, (grad, want) in enumerate(zip(grads, expected)):
+        is_parameter = index > spec.residual
+        assert_close_to_reference(grad, want, dtype, SCALE * (shape[0] ** 0.5 if is_parameter else 2))
+
+
 def test_gradcheck_and_gradgradcheck(spec, device):
     inputs = [t.requires_grad_(True) for t in spec.inputs((3, 6), torch.float64, device)]
     assert torch.autograd.gradcheck(lambda *t: spec.fused(*t), inputs)

@@ -12,5 +12,12 @@ inline int sm_count(int device = c10::cuda::current_device()) {
   return sms;
 }
 
+// Shared memory one block may use (static plus dynamic, after opting in) on `device`.
+inline int max_shared_bytes_per_block(int device = c10::cuda::current_device()) {
+  int bytes = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return bytes;
+}
+
 }  // namespace cuda
 }  // namespace fused_ops

@@ -6,7 +6,9 @@
 //     Backward: a persistent grid; each block adds grad·n (and grad) for its rows into per-column
 //     sums (registers or shared memory), writes them as one partial row, and column_sum_kernel
 //     adds the partial rows in block order: deterministic weight and bias gradients for the cost
-//     of one small pass (none when one block covers all rows).
+//     of one small pass (none when one block covers all rows). With several rows per block and
+//     several packs per thread, each block's next row is copied into shared memory (cp.async)
+//     while it works on the current one.
 //   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
 //     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
 //     and rstd so weight_grad_kernel sums grad·n by columns.
@@ -56,6 +58,31 @@ __device__ __forceinline__ Pack<T, kWidth> load_pack(const void* base, int64_t r
 template <typename T, int kWidth>
 __device__ __forceinline__ void store_pack(void* base, int64_t row_offset, int64_t pack, const Pack<T, kWidth>& value) {
   reinterpret_cast<Pack<T, kWidth>*>(static_cast<T*>(base) + row_offset)[pack] = value;
+}
+
+// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80 and later): the copy
+// occupies no registers while in flight. Copies committed together form a group; groups complete in
+// order, and wait_async_copies<N> returns once at most N of this thread's groups are pending.
+__device__ __forceinline__ void copy_16_bytes_async(void* shared_destination, const void* global_source) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned int destination = static_cast<unsigned int>(__cvta_generic_to_shared(shared_destination));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source) : "memory");
+#else
+  *static_cast<uint4*>(shared_destination) = *static_cast<const uint4*>(global_source);
+#endif
+}
+
+__device__ __forceinline__ void commit_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
 }
 
 template <typename acc_t>
@@ -216,7 +243,23 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
 template <NormKind kKind>
 constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
 
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
+// Staged (kStaged): while the block reduces and writes one row, cp.async copies the x and
+// grad of its next row, then that row's grad_residual, into shared memory, so the row loop waits on
+// memory only when a copy is late (unstaged, a block stalls twice per row: on its loads, and on
+// grad_residual's). Each thread copies and reads only its own slots.
+// Staging needs 16-byte packs; it is compiled only for several packs per thread (long rows).
+template <int kWidth, int kPacks>
+constexpr bool stageable_backward(size_t element_size) {
+  return kPacks > 1 && kWidth * element_size == 16;
+}
+
+// Staging slots in bytes: x and grad (and grad_residual) per pack.
+inline size_t backward_staging_bytes(bool has_grad_residual, int threads, int packs_per_thread) {
+  return size_t(has_grad_residual ? 3 : 2) * threads * packs_per_thread * 16;
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums,
+          bool kStaged>
 __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kKind> : kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
                                 at::opmath_type<scalar_t>* bias_partials) {
@@ -231,6 +274,42 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   const int64_t packs_per_row = p.columns / kWidth;
   Chunk* weight_sums = reinterpret_cast<Chunk*>(norm_shared_bytes);
   Chunk* bias_sums = weight_sums + p.columns / kChunk;  // Layer only
+  // Staging slots [input (x, grad, grad_residual)][k][threadIdx.x], after the sums.
+  constexpr int kSumRows = kSharedSums ? (kKind == NormKind::Layer ? 2 : 1) : 0;
+  XPack* staging = reinterpret_cast<XPack*>(norm_shared_bytes + kSumRows * p.columns * sizeof(acc_t));
+  static_assert(!kStaged || stageable_backward<kWidth, kPacks>(sizeof(scalar_t)), "staging needs 16-byte packs");
+  constexpr bool stage = kStaged;
+  auto slot = [&](int input, int k) { return staging + (input * kPacks + k) * blockDim.x + threadIdx.x; };
+  auto stage_x_and_grad = [&](int64_t row) {
+    if (row < p.rows) {
+#pragma unroll 1
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+        if (pack >= packs_per_row) continue;
+        copy_16_bytes_async(slot(0, k), static_cast<const scalar_t*>(p.x) + row * p.x_row_stride + pack * kWidth);
+        copy_16_bytes_async(slot(1, k), static_cast<const scalar_t*>(p.grad) + row * p.grad_row_stride + pack * kWidth);
+      }
+    }
+    commit_async_copies();  // an empty group past the last row keeps the waits' counts right
+  };
+  auto stage_grad_residual = [&](int64_t row) {
+    if (p.grad_residual && row < p.rows) {
+#pragma unroll 1
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+        if (pack >= packs_per_row) continue;
+        copy_16_bytes_async(slot(2, k), static_cast<const scalar_t*>(p.grad_residual) +
+                                            row * p.grad_residual_row_stride + pack * kWidth);
+      }
+    }
+    commit_async_copies();
+  };
+  // Groups are committed in the order x/grad(row), grad_residual(row), x/grad(next row), ..., so
+  // waiting until one group is pending completes the older of the two in flight.
+  if (stage) {
+    stage_x_and_grad(blockIdx.x);
+    stage_grad_residual(blockIdx.x);
+  }
   Chunk weight_registers[kSharedSums ? 1 : kPacks][kChunksPerPack] = {};
   Chunk bias_registers[kSharedSums || kKind != NormKind::Layer ? 1 : kPacks][kChunksPerPack] = {};
   if constexpr (kSharedSums) {
@@ -248,12 +327,18 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack x[kPacks];
     XPack grad[kPacks];
+    if (stage) wait_async_copies<1>();  // this row's x and grad
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
       if (pack >= packs_per_row) continue;
-      x[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
-      grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
+      if (stage) {
+        x[k] = *slot(0, k);
+        grad[k] = *slot(1, k);
+      } else {
+        x[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+        grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
+      }
     }
     const acc_t mean = cached_row_mean<kKind>(x, packs_per_row, p.columns, shared);
     // Σ (h - mean)², Σ gw·(h - mean), Σ gw in one reduction.
@@ -269,7 +354,10 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
                            static_cast<acc_t>(weight.values[j]), mean);
       }
     }
+    // The slots' x and grad are in registers and used above: the next row's copies may land.
+    if (stage) stage_x_and_grad(row + gridDim.x);
     const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
+    if (stage) wait_async_copies<1>();  // this row's grad_residual; the next row's x and grad may pend
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -277,7 +365,8 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
       XPack grad_residual;
       if (p.grad_residual) {
-        grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+        grad_residual = stage ? *slot(2, k)
+                              : load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
       }
       Chunk weight_chunks[kChunksPerPack];
       Chunk bias_chunks[kChunksPerPack];
@@ -314,6 +403,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       }
       store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
     }
+    if (stage) stage_grad_residual(row + gridDim.x);
   }
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
@@ -536,9 +626,8 @@ inline CachedConfig cached_config(int64_t packs, int max_threads) {
   return {static_cast<int>(std::max<int64_t>(32, (threads + 31) / 32 * 32)), packs_per_thread};
 }
 
-// Blocks for `rows` rows: as many as fit on the GPU at once (a few per SM), at most one per row.
-// Resident blocks of `kernel` on the current GPU (SMs × blocks per SM), cached per (kernel,
-// threads, device): the queries cost microseconds per call.
+// Resident blocks of `kernel` on the current GPU (SMs × blocks per SM; 0 when `shared_bytes` does
+// not fit), cached per (kernel, threads, shared bytes, device): the queries cost microseconds.
 template <typename Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes) {
   static std::mutex mutex;
@@ -549,20 +638,22 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes) {
   const auto found = cache.find(key);
   if (found != cache.end()) return found->second;
   int blocks_per_sm = 0;
-  if (shared_bytes > 48 * 1024) {  // opt in to more than the default dynamic shared memory
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared_bytes)));
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  const size_t dynamic_limit = size_t(max_shared_bytes_per_block(device)) - attributes.sharedSizeBytes;
+  if (shared_bytes > dynamic_limit) return cache.emplace(key, 0).first->second;
+  if (shared_bytes > 48 * 1024) {
+    // Opt in to the whole limit, not to this size: a later launch may need more.
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(dynamic_limit)));
   }
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, threads, shared_bytes));
-  return cache.emplace(key, int64_t(std::max(1, blocks_per_sm)) * sm_count(device)).first->second;
+  return cache.emplace(key, int64_t(blocks_per_sm) * sm_count(device)).first->second;
 }
 
-// Persistent grid for `rows` rows: as many blocks as fit on the GPU at once, at most
-// max_blocks_per_sm per SM and one per row.
+// Blocks of a persistent grid: as many as fit on the GPU at once, at most max_blocks_per_sm per SM.
 template <typename Kernel>
-unsigned int persistent_grid(Kernel kernel, int threads, size_t shared_bytes, int64_t rows, int max_blocks_per_sm) {
-  const int64_t blocks =
-      std::min(resident_blocks(kernel, threads, shared_bytes), int64_t(sm_count()) * max_blocks_per_sm);
-  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(rows, blocks)));
+int64_t persistent_blocks(Kernel kernel, int threads, size_t shared_bytes, int max_blocks_per_sm) {
+  return std::min(resident_blocks(kernel, threads, shared_bytes), int64_t(sm_count()) * max_blocks_per_sm);
 }
 
 // One block per row (the kernels still loop, so the cap keeps them correct).
@@ -680,14 +771,14 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
-      if (packs <= kMaxCachedPacks) {
+      // Cached unless the row is too long, or its block's shared memory does not fit this GPU.
+      bool cached = packs <= kMaxCachedPacks;
+      if (cached) {
         // Sums in registers for RMS rows of over 512 packs (measured, as the block sizes).
         const bool shared_sums = kKind == NormKind::Layer || packs <= 512;
         const CachedConfig config = cached_config(packs, cached_backward_max_threads<kKind>(p.rows, packs));
-        auto launch = [&](auto kernel, bool uses_shared) {
-          const size_t shared_bytes = uses_shared ? size_t(sums) * p.columns * sizeof(acc_t) : 0;
-          const unsigned int grid =
-              persistent_grid(kernel, config.threads, shared_bytes, p.rows, kBackwardBlocksPerSm);
+        auto launch = [&](auto kernel, size_t shared_bytes, int64_t blocks) {
+          const unsigned int grid = static_cast<unsigned int>(std::min(p.rows, blocks));
           // One block writes the gradients itself; more write partial rows for column_sum_kernel.
           const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
           acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
@@ -699,15 +790,43 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
                                static_cast<weight_t*>(p.grad_bias), stream);
           }
         };
+        // Launches the staged kernel when each block gets several rows and its slots cost no
+        // occupancy, else the plain one; false when neither fits this GPU's shared memory.
+        auto launch_plain_or_staged = [&](auto plain_kernel, auto staged_kernel, bool uses_shared) {
+          const size_t sum_bytes = uses_shared ? size_t(sums) * p.columns * sizeof(acc_t) : 0;
+          const int64_t plain_blocks = persistent_blocks(plain_kernel, config.threads, sum_bytes, kBackwardBlocksPerSm);
+          if (staged_kernel != nullptr) {
+            const size_t staged_bytes = sum_bytes + backward_staging_bytes(p.grad_residual != nullptr, config.threads,
+                                                                           config.packs_per_thread);
+            const int64_t staged_blocks =
+                persistent_blocks(staged_kernel, config.threads, staged_bytes, kBackwardBlocksPerSm);
+            if (staged_blocks > 0 && staged_blocks >= plain_blocks && p.rows > staged_blocks) {
+              launch(staged_kernel, staged_bytes, staged_blocks);
+              return true;
+            }
+          }
+          if (plain_blocks == 0) return false;
+          launch(plain_kernel, sum_bytes, plain_blocks);
+          return true;
+        };
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           constexpr int kPacks = decltype(packs_constant)::value;
+          constexpr bool kStageable = stageable_backward<kWidth, kPacks>(sizeof(scalar_t));
+          using Kernel = void (*)(NormBackwardProblem, acc_t*, acc_t*);
           if (shared_sums) {
-            launch(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>, true);
+            Kernel staged = nullptr;
+            if constexpr (kStageable) staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true, true>;
+            cached = launch_plain_or_staged(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true, false>,
+                                            staged, true);
           } else {
-            launch(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false>, false);
+            Kernel staged = nullptr;
+            if constexpr (kStageable) staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, true>;
+            cached = launch_plain_or_staged(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, false>,
+                                            staged, false);
           }
         });
-      } else {
+      }
+      if (!cached) {
         const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
         norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
             <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p, statistics.mutable_data_ptr<acc_t>());
