@@ -199,12 +199,26 @@ def median_time_us(run, device, numel, repeats):
     return statistics.median(times)
 
 
-def copy_bandwidth_gbs(device):
-    numel = (1 << 29) if device == "cuda" else (1 << 25)  # 1 GiB of float16 on the GPU
+def copy_bandwidth_gbs(device, numel=None, repeats=None):
+    numel = numel or ((1 << 29) if device == "cuda" else (1 << 25))  # 1 GiB of float16 on the GPU
     source = torch.randn(numel, device=device).half()
     target = torch.empty_like(source)
-    us = median_time_us(lambda: target.copy_(source), device, numel, 30 if device == "cuda" else 5)
+    us = median_time_us(lambda: target.copy_(source), device, numel, repeats or (30 if device == "cuda" else 5))
     return 2 * source.numel() * source.element_size() / us / 1e3
+
+
+# After each workload a shorter copy is timed again (`copy_gbs_near` on its rows). A device that
+# slows down mid-run then shows instead of passing as a slow kernel: on a two-GPU H200 host, while
+# the other GPU ran compute-sanitizer, whole stretches of a run came out several times slow for
+# every variant (docs/benchmarks.md, Change 4). Rows below DISTURBED_FRACTION of the run's copy
+# bandwidth are flagged in the table and the JSON.
+DISTURBED_FRACTION = 0.8
+
+
+def copy_check_gbs(device):
+    if device == "cuda":
+        return copy_bandwidth_gbs(device, numel=1 << 27, repeats=10)  # 256 MiB, well past the L2
+    return copy_bandwidth_gbs(device, numel=1 << 22, repeats=3)
 
 
 def python_call_overhead_us(device, repeats=2000):
@@ -270,6 +284,10 @@ def run(args):
                 progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
             rows.append(row)
         del inputs, grads
+        near = copy_check_gbs(device)
+        for row in rows[-2:]:
+            row["copy_gbs_near"] = near
+            row["disturbed"] = near < DISTURBED_FRACTION * copy_gbs
     overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
@@ -287,7 +305,12 @@ def print_table(result):
         shape = "x".join(map(str, row["shape"])) if row["op"] != "relu_add" else "2^" + str(row["numel"].bit_length() - 1)
         print(f"{row['op']:<15} {row['dtype']:<8} {shape:>11} {row['mode']:<16} "
               f"{row['fused_us']:9.1f} {row.get('eager_us', nan):9.1f} {row.get('compile_us', nan):10.1f} "
-              f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}")
+              f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}" +
+              (f"  DISTURBED: copy {row['copy_gbs_near']:.0f} GB/s next to this row" if row.get("disturbed") else ""))
+    disturbed = sum(bool(row.get("disturbed")) for row in result["rows"])
+    if disturbed:
+        print(f"WARNING: {disturbed} rows were timed while the device copied below "
+              f"{100 * DISTURBED_FRACTION:.0f}% of the run's copy bandwidth; time them again on a quiet machine")
     calls = result["python_call_us"]
     print("one eager call from Python, 4096 float32 (us): " +
           ", ".join(f"{name} {us:.2f}" for name, us in calls.items()))

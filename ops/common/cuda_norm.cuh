@@ -280,6 +280,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   static_assert(!kStaged || stageable_backward<kWidth, kPacks>(sizeof(scalar_t)), "staging needs 16-byte packs");
   constexpr bool stage = kStaged;
   auto slot = [&](int input, int k) { return staging + (input * kPacks + k) * blockDim.x + threadIdx.x; };
+  // The copy loops stay rolled: unrolled, their addresses stay live and the LayerNorm kernel spilled.
   auto stage_x_and_grad = [&](int64_t row) {
     if (row < p.rows) {
 #pragma unroll 1
