@@ -226,15 +226,18 @@ def test_gradients(spec, device, dtype, shape, used):
 
 @pytest.mark.parametrize("shape", [(600, 8192), (300, 16384)])
 @pytest.mark.parametrize("used", ["both", "out"])
-def test_gradients_of_many_long_rows(spec, device, dtype, shape, used):
+@pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
+def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dtype):
     """More rows than resident blocks, of over 512 16-byte packs: on CUDA the backward copies each
     block's next row into shared memory while it works on the current one (cp.async), with and
-    without a grad_residual to stage."""
+    without a grad_residual to stage, and with float32 weights for 16-bit x."""
     if device != "cuda":
         pytest.skip("the staged CUDA backward")
     if not spec.residual and used != "both":
         pytest.skip("one output")
-    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("float32 weights are for 16-bit x")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
     outs = spec.fused(*inputs)
     chosen = [0, 1][:len(outs)] if used == "both" else [0]
     grad_outs = [random(shape, dtype, device) for _ in chosen]
