@@ -812,19 +812,17 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
         };
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           constexpr int kPacks = decltype(packs_constant)::value;
-          constexpr bool kStageable = stageable_backward<kWidth, kPacks>(sizeof(scalar_t));
-          using Kernel = void (*)(NormBackwardProblem, acc_t*, acc_t*);
-          if (shared_sums) {
-            Kernel staged = nullptr;
-            if constexpr (kStageable) staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true, true>;
-            cached = launch_plain_or_staged(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true, false>,
-                                            staged, true);
-          } else {
-            Kernel staged = nullptr;
-            if constexpr (kStageable) staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, true>;
-            cached = launch_plain_or_staged(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, false>,
-                                            staged, false);
-          }
+          auto launch_with_sums = [&](auto shared_sums_constant) {
+            constexpr bool kSharedSums = decltype(shared_sums_constant)::value;
+            void (*staged)(NormBackwardProblem, acc_t*, acc_t*) = nullptr;
+            if constexpr (stageable_backward<kWidth, kPacks>(sizeof(scalar_t))) {
+              staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, kSharedSums, true>;
+            }
+            return launch_plain_or_staged(
+                norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, kSharedSums, false>, staged,
+                kSharedSums);
+          };
+          cached = shared_sums ? launch_with_sums(std::true_type{}) : launch_with_sums(std::false_type{});
         });
       }
       if (!cached) {
