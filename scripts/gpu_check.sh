@@ -5,7 +5,8 @@
 #   PYTHON=python3 scripts/gpu_check.sh OUTDIR
 #   GPU_CHECK_STEPS="bench tests sanitizer" selects steps; BENCH_ARGS is passed to bench.py;
 #   SANITIZER_TOOLS="memcheck racecheck initcheck synccheck" selects tools; SANITIZER_WORKERS=N
-#   runs each tool's tests in N pytest-xdist workers.
+#   runs each tool's tests in N pytest-xdist workers. The tools run at once, spread round-robin over
+#   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -58,7 +59,13 @@ if step sanitizer; then
   workers=()
   [ -n "${SANITIZER_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$SANITIZER_WORKERS")
   tools="${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}"
+  visible="${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)}"
+  gpus=(${SANITIZER_GPUS:-${visible//,/ }})
+  [ ${#gpus[@]} -gt 0 ] || gpus=(0)
+  tool_index=0
   for tool in $tools; do
+    gpu="${gpus[$((tool_index % ${#gpus[@]}))]}"
+    tool_index=$((tool_index + 1))
     # memcheck, racecheck and synccheck instrument only this library's kernels (racecheck flags
     # aten's own reduce kernels, and skipping them makes the runs several times faster).
     # initcheck must see every kernel: writes by uninstrumented aten kernels are not tracked, so
@@ -66,7 +73,7 @@ if step sanitizer; then
     # reports on one test, 0 without the filter).
     filter=(--kernel-name kns=fused_ops)
     [ "$tool" = initcheck ] && filter=()
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 compute-sanitizer --tool "$tool" --error-exitcode 3 \
       ${filter[@]+"${filter[@]}"} "$PY" -m pytest tests -q -p no:cacheprovider -x ${workers[@]+"${workers[@]}"} -k "$selection" \
       > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
   done
