@@ -56,6 +56,14 @@ if step sanitizer; then
   # SANITIZER_WORKERS pytest-xdist workers per tool (compute-sanitizer follows them). 4 per tool,
   # two tools at once on 16 cores, ran 504 tests in 82-101 s (2026-11-30); 14 per tool on 32 cores
   # finished no test in 7 minutes.
+  # The longest tests under the tools (hypothesis examples, eight threads, many long norm rows) go
+  # first, so that the workers do not wait on them at the end: in 2026-11-30's seventh session
+  # racecheck and initcheck, with those files collected last, had 1428-1430 of 1431 tests done when
+  # a 450 s call ended. -v names each finished test, so a cut run shows what is left.
+  test_files=(tests/test_properties.py tests/test_reliability.py tests/test_norms.py)
+  for file in tests/test_*.py; do
+    case " ${test_files[*]} " in *" $file "*) ;; *) test_files+=("$file");; esac
+  done
   workers=()
   [ -n "${SANITIZER_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$SANITIZER_WORKERS")
   tools="${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}"
@@ -74,7 +82,7 @@ if step sanitizer; then
     filter=(--kernel-name kns=fused_ops)
     [ "$tool" = initcheck ] && filter=()
     CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      ${filter[@]+"${filter[@]}"} "$PY" -m pytest tests -q -p no:cacheprovider -x ${workers[@]+"${workers[@]}"} -k "$selection" \
+      ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider -x ${workers[@]+"${workers[@]}"} -k "$selection" \
       > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
   done
   for job in $(jobs -p); do wait "$job" || status=1; done
