@@ -56,10 +56,11 @@ if step sanitizer; then
   # SANITIZER_WORKERS pytest-xdist workers per tool (compute-sanitizer follows them). 4 per tool,
   # two tools at once on 16 cores, ran 504 tests in 82-101 s (2026-11-30); 14 per tool on 32 cores
   # finished no test in 7 minutes.
-  # The longest tests under the tools (hypothesis examples, eight threads, many long norm rows) go
-  # first, so that the workers do not wait on them at the end: in 2026-11-30's seventh session
-  # racecheck and initcheck, with those files collected last, had 1428-1430 of 1431 tests done when
-  # a 450 s call ended. -v names each finished test, so a cut run shows what is left.
+  # The files whose tests are likely the longest under the tools (hypothesis examples, eight
+  # threads, many long norm rows) go first, so that the workers do not wait on them at the end: in
+  # 2026-11-30's seventh session racecheck and initcheck, with the first two collected last, had
+  # 1428-1430 of 1431 tests done after about 500 s. -v names each finished test and --durations the
+  # slowest, so a run shows what is left or what to move.
   test_files=(tests/test_properties.py tests/test_reliability.py tests/test_norms.py)
   for file in tests/test_*.py; do
     case " ${test_files[*]} " in *" $file "*) ;; *) test_files+=("$file");; esac
