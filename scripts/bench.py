@@ -267,6 +267,7 @@ def run(args):
         grads = [torch.randn(out.shape, device=device, dtype=dtype) for out in as_outputs(fused(*inputs))]
         torch._dynamo.reset()
         functions = {"fused": fused, "eager": composite, "compile": torch.compile(composite)}
+        workload_rows = []
         for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
             row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
                    "shape": list(shape), "mode": mode, "bytes": elements * inputs[0].element_size()}
@@ -282,12 +283,13 @@ def run(args):
                 row[f"{variant}_us"] = us
                 row[f"{variant}_gbs"] = row["bytes"] / us / 1e3
                 progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
-            rows.append(row)
+            workload_rows.append(row)
         del inputs, grads
         near = copy_check_gbs(device)
-        for row in rows[-2:]:
+        for row in workload_rows:
             row["copy_gbs_near"] = near
             row["disturbed"] = near < DISTURBED_FRACTION * copy_gbs
+        rows.extend(workload_rows)
     overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
