@@ -1,5 +1,6 @@
 """Every op under threads, CUDA graphs, side streams, a second GPU and tensors of more than 2^31
 elements. Ops come from op_specs.OPS, so a new op is covered by adding it there."""
+import os
 import threading
 
 import pytest
@@ -10,6 +11,9 @@ from op_specs import OPS, as_outputs
 
 SPEC_IDS = [spec.name for spec in OPS]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+# Rounds of every op per thread in test_eight_threads_call_every_op. scripts/gpu_check.sh lowers it
+# under compute-sanitizer, where each of the thousands of launches is checked one at a time.
+THREAD_ROUNDS = int(os.environ.get("FUSED_OPS_THREAD_ROUNDS", "20"))
 
 
 def default_options(spec):
@@ -41,7 +45,7 @@ def test_eight_threads_call_every_op(device):
         try:
             generator = torch.Generator().manual_seed(index)
             start.wait()
-            for _ in range(20):
+            for _ in range(THREAD_ROUNDS):
                 for spec in OPS:
                     options = default_options(spec)
                     inputs = [t.requires_grad_(True) for t in random_inputs(spec, (33, 64), torch.float32, device, generator)]
