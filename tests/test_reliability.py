@@ -11,8 +11,8 @@ from op_specs import OPS, as_outputs
 
 SPEC_IDS = [spec.name for spec in OPS]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Rounds of every op per thread in test_eight_threads_call_every_op. scripts/gpu_check.sh lowers it
-# under compute-sanitizer, where each of the thousands of launches is checked one at a time.
+# Rounds of every op per thread in test_eight_threads_call_every_op; lowered by hand to see how a
+# compute-sanitizer tool copes with fewer concurrent launches (docs/reliability.md, run log).
 THREAD_ROUNDS = int(os.environ.get("FUSED_OPS_THREAD_ROUNDS", "20"))
 
 
