@@ -8,6 +8,9 @@
 #   runs each tool's tests in N pytest-xdist workers. The tools run at once, spread round-robin over
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 #   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool.
+#   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection: racecheck and
+#   initcheck over everything take about 520 s on two H200s plus the build, so a machine lent for
+#   10 minutes at a time runs them as SANITIZER_SHARD=1/2 and 2/2.
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -92,7 +95,8 @@ if step sanitizer; then
     # block, which host threads do not change, and single-threaded tests launch the same kernels.
     tool_selection="$selection"
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
-    CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 compute-sanitizer --tool "$tool" --error-exitcode 3 \
+    CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 \
+    FUSED_OPS_TEST_SHARD="${SANITIZER_SHARD:-}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
       ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider -x \
       ${workers[@]+"${workers[@]}"} ${timeout[@]+"${timeout[@]}"} -k "$tool_selection" \
       > "$OUTDIR/sanitizer_$tool.log" 2>&1 &

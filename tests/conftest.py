@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -19,6 +21,21 @@ TOLERANCE = {
     torch.float16: 1e-3,
     torch.bfloat16: 8e-3,
 }
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """FUSED_OPS_TEST_SHARD=k/n keeps every n-th selected test from the k-th on, so a run too long
+    for one sitting (compute-sanitizer over every op: scripts/gpu_check.sh) splits into n runs."""
+    shard = os.environ.get("FUSED_OPS_TEST_SHARD")
+    if not shard:
+        return
+    index, count = (int(part) for part in shard.split("/"))
+    if not 1 <= index <= count:
+        raise pytest.UsageError(f"FUSED_OPS_TEST_SHARD={shard}: expected k/n with 1 <= k <= n")
+    in_shard = [position % count == index - 1 for position in range(len(items))]
+    config.hook.pytest_deselected(items=[item for item, keep in zip(items, in_shard) if not keep])
+    items[:] = [item for item, keep in zip(items, in_shard) if keep]
 
 
 @pytest.fixture(params=DEVICES)
