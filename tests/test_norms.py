@@ -246,6 +246,20 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     check_gradients(spec, inputs, dtype, device, used)
 
 
+@pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192)])
+@pytest.mark.parametrize("used", ["both", "out"])
+@pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
+def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
+    """Decode: 1 to 16 rows of 2048 to 8192 elements, the rows a serving step normalises (on CUDA
+    the wide decode blocks and the weight-gradient sums of their partial rows), mixed precision too."""
+    if not spec.residual and used != "both":
+        pytest.skip("one output")
+    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("float32 weights are for 16-bit x")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
+    check_gradients(spec, inputs, dtype, device, used)
+
+
 def test_gradcheck_and_gradgradcheck(spec, device):
     inputs = [t.requires_grad_(True) for t in spec.inputs((3, 6), torch.float64, device)]
     assert torch.autograd.gradcheck(lambda *t: spec.fused(*t), inputs)
