@@ -221,12 +221,21 @@ def check_gradients(spec, inputs, dtype, device, used):
         assert_close_to_reference(grad, want, dtype, SCALE * (rows ** 0.5 if is_parameter else 2))
 
 
+def check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype=None):
+    """check_gradients on random inputs of `shape`; skips combinations that do not exist (one-output
+    ops have no choice of outputs, float32 weights go with 16-bit x only)."""
+    if not spec.residual and used != "both":
+        pytest.skip("one output")
+    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+        pytest.skip("float32 weights are for 16-bit x")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
+    check_gradients(spec, inputs, dtype, device, used)
+
+
 @pytest.mark.parametrize("shape", [(33, 17), (2, 3, 64), (129,), (300, 1024)])
 @pytest.mark.parametrize("used", ["both", "out", "residual_out"])
 def test_gradients(spec, device, dtype, shape, used):
-    if not spec.residual and used != "both":
-        pytest.skip("one output")
-    check_gradients(spec, [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)], dtype, device, used)
+    check_gradients_of_random_inputs(spec, shape, dtype, device, used)
 
 
 @pytest.mark.parametrize("shape", [(600, 8192), (300, 16384)])
@@ -238,12 +247,7 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     without a grad_residual to stage, and with float32 weights for 16-bit x."""
     if device != "cuda":
         pytest.skip("the staged CUDA backward")
-    if not spec.residual and used != "both":
-        pytest.skip("one output")
-    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
-        pytest.skip("float32 weights are for 16-bit x")
-    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
-    check_gradients(spec, inputs, dtype, device, used)
+    check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
 @pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192)])
@@ -252,12 +256,7 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 16 rows of 2048 to 8192 elements, the rows a serving step normalises (on CUDA
     the wide decode blocks and the weight-gradient sums of their partial rows), mixed precision too."""
-    if not spec.residual and used != "both":
-        pytest.skip("one output")
-    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
-        pytest.skip("float32 weights are for 16-bit x")
-    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
-    check_gradients(spec, inputs, dtype, device, used)
+    check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
 def test_gradcheck_and_gradgradcheck(spec, device):
