@@ -278,7 +278,6 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   constexpr int kSumRows = kSharedSums ? (kKind == NormKind::Layer ? 2 : 1) : 0;
   XPack* staging = reinterpret_cast<XPack*>(norm_shared_bytes + kSumRows * p.columns * sizeof(acc_t));
   static_assert(!kStaged || stageable_backward<kWidth, kPacks>(sizeof(scalar_t)), "staging needs 16-byte packs");
-  constexpr bool stage = kStaged;
   auto slot = [&](int input, int k) { return staging + (input * kPacks + k) * blockDim.x + threadIdx.x; };
   // The copy loops stay rolled: unrolled, their addresses stay live and the LayerNorm kernel spilled.
   auto stage_x_and_grad = [&](int64_t row) {
@@ -307,7 +306,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   };
   // Groups are committed in the order x/grad(row), grad_residual(row), x/grad(next row), ..., so
   // waiting until one group is pending completes the older of the two in flight.
-  if (stage) {
+  if constexpr (kStaged) {
     stage_x_and_grad(blockIdx.x);
     stage_grad_residual(blockIdx.x);
   }
@@ -328,12 +327,12 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack x[kPacks];
     XPack grad[kPacks];
-    if (stage) wait_async_copies<1>();  // this row's x and grad
+    if constexpr (kStaged) wait_async_copies<1>();  // this row's x and grad
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
       if (pack >= packs_per_row) continue;
-      if (stage) {
+      if constexpr (kStaged) {
         x[k] = *slot(0, k);
         grad[k] = *slot(1, k);
       } else {
@@ -356,9 +355,9 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       }
     }
     // The slots' x and grad are in registers and used above: the next row's copies may land.
-    if (stage) stage_x_and_grad(row + gridDim.x);
+    if constexpr (kStaged) stage_x_and_grad(row + gridDim.x);
     const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
-    if (stage) wait_async_copies<1>();  // this row's grad_residual; the next row's x and grad may pend
+    if constexpr (kStaged) wait_async_copies<1>();  // this row's grad_residual; the next row's x and grad may pend
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -366,7 +365,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
       XPack grad_residual;
       if (p.grad_residual) {
-        grad_residual = stage ? *slot(2, k)
+        grad_residual = kStaged ? *slot(2, k)
                               : load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
       }
       Chunk weight_chunks[kChunksPerPack];
@@ -404,7 +403,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       }
       store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
     }
-    if (stage) stage_grad_residual(row + gridDim.x);
+    if constexpr (kStaged) stage_grad_residual(row + gridDim.x);
   }
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
