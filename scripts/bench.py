@@ -7,6 +7,7 @@ run. CUDA: CUDA events, CUDA graphs for small sizes, medians. Also runs on CPU (
     python scripts/bench.py [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28] [--out DIR]
 """
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -116,14 +117,16 @@ def workloads(device, dtypes, sizes, ops):
                                                            torch.randn(hidden, device=device, dtype=dtype)]
                     elements = (2 * numel + hidden, 5 * numel + 4 * hidden)
                 yield (op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
+    # The norms' targets are for bfloat16; float16 joins when asked for.
+    norm_dtypes = [torch.bfloat16] + ([torch.float16] if torch.float16 in dtypes else [])
     for op, (fused, composite, residual, bias) in NORMS.items():
         if op not in ops and "norms" not in ops:
             continue
-        for rows, hidden in NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU:
+        for dtype, (rows, hidden) in itertools.product(norm_dtypes, NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU):
             numel = rows * hidden
-            def make(rows=rows, hidden=hidden, residual=residual, bias=bias):
-                tensors = [torch.randn(rows, hidden, device=device, dtype=torch.bfloat16) for _ in range(1 + residual)]
-                return tensors + [torch.randn(hidden, device=device, dtype=torch.bfloat16) for _ in range(1 + bias)]
+            def make(rows=rows, hidden=hidden, residual=residual, bias=bias, dtype=dtype):
+                tensors = [torch.randn(rows, hidden, device=device, dtype=dtype) for _ in range(1 + residual)]
+                return tensors + [torch.randn(hidden, device=device, dtype=dtype) for _ in range(1 + bias)]
             rows_in = 1 + residual
             parameters = 1 + bias
             # forward: x (+ residual) and parameters in, out (+ h) out; backward: the gradient of out
@@ -131,7 +134,7 @@ def workloads(device, dtypes, sizes, ops):
             # parameters' gradients out.
             forward = (2 * rows_in) * numel + parameters * hidden
             backward = (3 + residual) * numel + (1 + parameters) * hidden
-            yield (op, torch.bfloat16, (rows, hidden), numel, make, fused, composite, forward, forward + backward)
+            yield (op, dtype, (rows, hidden), numel, make, fused, composite, forward, forward + backward)
 
 
 class Progress:
@@ -358,6 +361,7 @@ def main():
     parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS, *NORMS],
                         help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
                              "(rms_norm, add_rms_norm, add_layer_norm) or 'norms'")
+    # Norms run in bfloat16, and also in float16 when --dtypes names it.
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--min-log2", type=int, default=12)
     parser.add_argument("--max-log2", type=int, default=None, help="default 28 on CUDA, 22 on CPU")
