@@ -46,6 +46,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", nargs="+", default=["relu_add", *bench.ACTIVATIONS, "norms"])
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 16])
+    parser.add_argument("--variants", nargs="+", default=["fused", "compile"], choices=["fused", "compile"],
+                        help="fused alone to compare two settings of the library quickly")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("decode_kernel_times.py needs a CUDA device")
@@ -57,7 +59,8 @@ def main():
         inputs = make_inputs()
         grads = [torch.randn(out.shape, device="cuda", dtype=dtype) for out in bench.as_outputs(fused(*inputs))]
         torch._dynamo.reset()
-        for variant, function in (("fused", fused), ("compile", torch.compile(composite))):
+        variants = {"fused": lambda: fused, "compile": lambda: torch.compile(composite)}
+        for variant, function in ((name, variants[name]()) for name in args.variants):
             leaves = [t.detach().requires_grad_(True) for t in inputs]
             steps = {
                 "forward": lambda f=function: f(*inputs),
