@@ -361,8 +361,8 @@ def main():
     parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS, *NORMS],
                         help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
                              "(rms_norm, add_rms_norm, add_layer_norm) or 'norms'")
-    # Norms run in bfloat16, and also in float16 when --dtypes names it.
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                        help="the norms run in bfloat16, and also in float16 when it is named")
     parser.add_argument("--min-log2", type=int, default=12)
     parser.add_argument("--max-log2", type=int, default=None, help="default 28 on CUDA, 22 on CPU")
     parser.add_argument("--repeats", type=int, default=None)
