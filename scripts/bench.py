@@ -119,10 +119,11 @@ def workloads(device, dtypes, sizes, ops):
                 yield (op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
     # The norms' targets are for bfloat16; float16 joins when asked for.
     norm_dtypes = [torch.bfloat16] + ([torch.float16] if torch.float16 in dtypes else [])
+    norm_shapes = NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU
     for op, (fused, composite, residual, bias) in NORMS.items():
         if op not in ops and "norms" not in ops:
             continue
-        for dtype, (rows, hidden) in itertools.product(norm_dtypes, NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU):
+        for dtype, (rows, hidden) in itertools.product(norm_dtypes, norm_shapes):
             numel = rows * hidden
             def make(rows=rows, hidden=hidden, residual=residual, bias=bias, dtype=dtype):
                 tensors = [torch.randn(rows, hidden, device=device, dtype=dtype) for _ in range(1 + residual)]
