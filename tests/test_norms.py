@@ -241,13 +241,14 @@ def test_gradients(spec, device, dtype, shape, used):
     check_gradients_of_random_inputs(spec, shape, dtype, device, used)
 
 
-@pytest.mark.parametrize("shape", [(600, 8192), (300, 16384)])
+@pytest.mark.parametrize("shape", [(600, 8192), (300, 16384), (600, 4096), (600, 3000)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dtype):
-    """More rows than resident blocks, of over 512 16-byte packs: on CUDA the backward copies each
-    block's next row into shared memory while it works on the current one (cp.async), with and
-    without a grad_residual to stage, and with float32 weights for 16-bit x."""
+    """More rows than resident blocks, of over 256 16-byte packs (two or four per thread, 3000
+    leaving some threads' last pack empty): on CUDA the backward copies each block's next row into
+    shared memory while it works on the current one (cp.async), with and without a grad_residual
+    to stage, and with float32 weights for 16-bit x."""
     if device != "cuda":
         pytest.skip("the staged CUDA backward")
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)

@@ -716,13 +716,13 @@ inline int cached_max_threads(int64_t rows, int64_t packs) {
   return rows >= 1024 ? 256 : kNormMaxThreads;
 }
 
-// Threads per block for cached backward rows. Measured on an H200
-// (scripts/experiments/norm_backward_variants.py): blocks of 256 for rows of over 512 packs, of 512
-// otherwise; decode rows as wide as the kernel's launch bound allows.
+// Threads per block for cached backward rows: blocks of 256, so rows of 257-512 packs get two packs
+// per thread and the staged kernel (measured on an H200, docs/benchmarks.md Change 7: add_layer_norm
+// 4096x4096 fwd+bwd 130 -> 88 us against 512 threads); decode rows as wide as the launch bound allows.
 template <NormKind kKind>
 int cached_backward_max_threads(int64_t rows, int64_t packs) {
   if (wide_block_rows(rows, packs)) return kNormBackwardWideBlockThreads<kKind>;
-  return packs > 512 ? 256 : kNormMaxThreads;
+  return 256;
 }
 
 template <NormKind kKind>
