@@ -176,28 +176,52 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
 }
 
 
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
-__global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
-    norm_forward_cached_kernel(NormForwardProblem p) {
+// kLoadsBeforeStores: every pack of x and residual is loaded before the first residual_out store.
+// Interleaved, the compiler cannot move pack k+1's loads above pack k's store (residual_out may
+// alias them), so a thread waits one memory latency per pack.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores>
+__device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProblem& p) {
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32];
   const int64_t packs_per_row = p.columns / kWidth;
+  auto add_residual = [&](XPack& sum, const XPack& residual) {
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      sum.values[j] = static_cast<scalar_t>(static_cast<acc_t>(sum.values[j]) + static_cast<acc_t>(residual.values[j]));
+    }
+  };
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack h[kPacks];
+    if constexpr (kLoadsBeforeStores) {
+      XPack residual[kPacks];
 #pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
-      if (pack >= packs_per_row) continue;
-      h[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+        if (pack >= packs_per_row) continue;
+        h[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+        if (p.residual) residual[k] = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
+      }
       if (p.residual) {
-        const XPack residual = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
 #pragma unroll
-        for (int j = 0; j < kWidth; ++j) {
-          h[k].values[j] = static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) + static_cast<acc_t>(residual.values[j]));
+        for (int k = 0; k < kPacks; ++k) {
+          const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+          if (pack >= packs_per_row) continue;
+          add_residual(h[k], residual[k]);
+          store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
         }
-        store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+        if (pack >= packs_per_row) continue;
+        h[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
+        if (p.residual) {
+          add_residual(h[k], load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack));
+          store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
+        }
       }
     }
     const acc_t mean = cached_row_mean<kKind>(h, packs_per_row, p.columns, shared);
@@ -230,6 +254,29 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
       store_pack<scalar_t, kWidth>(p.out, row * p.columns, pack, out);
     }
   }
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
+    norm_forward_cached_kernel(NormForwardProblem p) {
+  norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false>(p);
+}
+
+// Loads first with a residual, held to 64 registers (4 blocks of 256 per SM, as the plain four-pack
+// kernel). A separate kernel: an explicit minimum of one block changes ptxas's choices (bf16 four
+// packs 64 -> 80 registers), so the plain kernel keeps its single-argument bound.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_first_kernel(NormForwardProblem p) {
+  norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, true>(p);
+}
+
+// Where loads first were measured to win (H200, add_rms_norm/add_layer_norm forwards): 16-bit types
+// with two packs, float16 with four. bf16 with four took 96-98 registers (float16: 64) and lost 12%
+// at 16384x8192; held to 64 it spills 112 bytes. float32 and float64 were not measured.
+template <typename scalar_t, int kWidth, int kPacks>
+constexpr bool forward_loads_first_fits() {
+  return sizeof(scalar_t) == 2 && kWidth * sizeof(scalar_t) == 16 &&
+         (kPacks == 2 || (kPacks == 4 && std::is_same_v<scalar_t, c10::Half>));
 }
 
 // grad_x for the block's rows. The block's sums of grad·n (and grad) per column are kept either in
@@ -739,8 +786,18 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
       if (packs <= kMaxCachedPacks) {
         const CachedConfig config = cached_config(packs, cached_max_threads(p.rows, packs));
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
-          norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, decltype(packs_constant)::value>
-              <<<row_grid(p.rows), config.threads, 0, stream>>>(p);
+          constexpr int kPacks = decltype(packs_constant)::value;
+          const dim3 grid = row_grid(p.rows);
+          if constexpr (forward_loads_first_fits<scalar_t, kWidth, kPacks>()) {
+            // With a residual, loads first (one latency per row instead of one per pack): measured on
+            // an H200, add_layer_norm bf16 4096x4096 forward 39.3 -> 35.9 us (docs/benchmarks.md).
+            if (p.residual) {
+              norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
+                  <<<grid, config.threads, 0, stream>>>(p);
+              return;
+            }
+          }
+          norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks><<<grid, config.threads, 0, stream>>>(p);
         });
       } else {
         norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
