@@ -176,7 +176,7 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
 }
 
 
-// kLoadsBeforeStores: every pack of x and residual is loaded before the first residual_out store.
+// kLoadsBeforeStores (a residual is required): every pack of x and residual is loaded before the first residual_out store.
 // Interleaved, the compiler cannot move pack k+1's loads above pack k's store (residual_out may
 // alias them), so a thread waits one memory latency per pack.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores>
@@ -195,22 +195,22 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack h[kPacks];
     if constexpr (kLoadsBeforeStores) {
+      // Only launched with a residual. Its load is unconditional: a branch around it let the
+      // compiler unpack x, waiting for its load, before issuing the residual's (SASS).
       XPack residual[kPacks];
 #pragma unroll
       for (int k = 0; k < kPacks; ++k) {
         const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
         if (pack >= packs_per_row) continue;
         h[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
-        if (p.residual) residual[k] = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
+        residual[k] = load_pack<scalar_t, kWidth>(p.residual, row * p.residual_row_stride, pack);
       }
-      if (p.residual) {
 #pragma unroll
-        for (int k = 0; k < kPacks; ++k) {
-          const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
-          if (pack >= packs_per_row) continue;
-          add_residual(h[k], residual[k]);
-          store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
-        }
+      for (int k = 0; k < kPacks; ++k) {
+        const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+        if (pack >= packs_per_row) continue;
+        add_residual(h[k], residual[k]);
+        store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, pack, h[k]);
       }
     } else {
 #pragma unroll
