@@ -270,13 +270,15 @@ __global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_loads_fir
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, true>(p);
 }
 
-// Where loads first were measured to win (H200, add_rms_norm/add_layer_norm forwards): 16-bit types
-// with two packs, float16 with four. bf16 with four took 96-98 registers (float16: 64) and lost 12%
-// at 16384x8192; held to 64 it spills 112 bytes. float32 and float64 were not measured.
+// Where loads first were measured to win (H200, add_rms_norm/add_layer_norm forwards, fused only):
+// bf16 with two packs (add_layer_norm 4096x4096 39.3 -> 35.9-36.3 µs) and float16 with four
+// (add_layer_norm 4096x16384 150 -> 137, 16384x8192 273 -> 264-268). bf16 with four took 96-98
+// registers and lost 12% at 16384x8192 (held to 64 it spills 112 bytes); float16 with two ran 2-3 µs
+// slower than the plain kernel at 4096x4096 in this kernel's build. float32/float64: not measured.
 template <typename scalar_t, int kWidth, int kPacks>
 constexpr bool forward_loads_first_fits() {
-  return sizeof(scalar_t) == 2 && kWidth * sizeof(scalar_t) == 16 &&
-         (kPacks == 2 || (kPacks == 4 && std::is_same_v<scalar_t, c10::Half>));
+  return kWidth * sizeof(scalar_t) == 16 && ((std::is_same_v<scalar_t, c10::BFloat16> && kPacks == 2) ||
+                                             (std::is_same_v<scalar_t, c10::Half> && kPacks == 4));
 }
 
 // grad_x for the block's rows. The block's sums of grad·n (and grad) per column are kept either in
