@@ -262,11 +262,12 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false>(p);
 }
 
-// Loads first with a residual. No minimum-blocks bound: with __launch_bounds__(512, 2) ptxas
-// rescheduled the float16 two-pack kernels (40-54 -> 56 registers) and they ran 2-3 µs slower at
-// 4096x4096 on an H200; unbounded, every instantiation kept below takes 64 registers or fewer.
+// Loads first with a residual, held to 64 registers (4 blocks of 256 per SM, as the plain four-pack
+// kernel): float16 four packs (add_layer_norm 4096x16384) ran 137 µs bounded, 143-148
+// unbounded (both 64 registers, scheduled differently). A separate kernel: an explicit minimum of
+// one block on the plain kernel changes ptxas's choices (bf16 four packs 64 -> 80 registers).
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
-__global__ void __launch_bounds__(kNormMaxThreads) norm_forward_cached_loads_first_kernel(NormForwardProblem p) {
+__global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_first_kernel(NormForwardProblem p) {
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, true>(p);
 }
 
