@@ -202,6 +202,25 @@ def test_nan_and_inf_follow_eager(spec, device):
     assert torch.isfinite(outs[0][[0, 3]]).all() and not torch.isfinite(outs[0][1]).all()
 
 
+@pytest.mark.parametrize("shape", [(2, 8192), (1200, 4096), (200, 8192)])
+def test_residual_out_is_the_eager_sum_at_every_magnitude(spec, device, dtype, shape):
+    """residual_out equals eager's x + residual bit for bit, subnormals to overflow included; the
+    shapes reach the CUDA forward's one-, two- and four-pack kernels."""
+    if not spec.residual:
+        pytest.skip("no residual")
+    low, high = {torch.float16: (-26, 16), torch.bfloat16: (-135, 128)}.get(dtype, (-60, 60))
+    generator = torch.Generator().manual_seed(0)
+
+    def spread():
+        exponents = torch.randint(low, high, shape, generator=generator).double()
+        return (torch.randn(shape, generator=generator, dtype=torch.float64) * 2 ** exponents).to(dtype).to(device)
+
+    x, residual = spread(), spread()
+    _, _, weight, bias = spec.split(spec.inputs(shape, dtype, device))
+    outs = spec.fused(*[t for t in (x, residual, weight, bias) if t is not None])
+    torch.testing.assert_close(outs[1], x + residual, rtol=0, atol=0, equal_nan=True)  # inf - inf: NaN
+
+
 def check_gradients(spec, inputs, dtype, device, used):
     """Gradients of the chosen outputs for every input against float64; weight and bias gradients
     (sums over the rows) get a tolerance that grows with the row count."""
