@@ -792,8 +792,7 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
           constexpr int kPacks = decltype(packs_constant)::value;
           const dim3 grid = row_grid(p.rows);
           if constexpr (forward_loads_first_fits<scalar_t, kWidth, kPacks>()) {
-            // With a residual, loads first (one latency per row instead of one per pack): measured on
-            // an H200, add_layer_norm bf16 4096x4096 forward 39.3 -> 35.9 us (docs/benchmarks.md).
+            // With a residual, loads first: one memory latency per row instead of one per pack.
             if (p.residual) {
               norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
                   <<<grid, config.threads, 0, stream>>>(p);
