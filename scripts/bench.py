@@ -81,6 +81,7 @@ NORMS = {
                      add_norm_composite(rms_norm_composite), True, False),
     "add_layer_norm": (lambda x, r, w, b: torch.ops.fused.add_layer_norm(x, r, w, b, 1e-5),
                        add_norm_composite(layer_norm_composite), True, True),
+    "layer_norm": (lambda x, w, b: torch.ops.fused.layer_norm(x, w, b, 1e-5), layer_norm_composite, False, True),
 }
 # (rows, H): decode, the 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
 NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
@@ -361,7 +362,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS, *NORMS],
                         help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
-                             "(rms_norm, add_rms_norm, add_layer_norm) or 'norms'")
+                             "(rms_norm, add_rms_norm, add_layer_norm, layer_norm) or 'norms'")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                         help="the norms run in bfloat16, and also in float16 when it is named")
     parser.add_argument("--min-log2", type=int, default=12)
