@@ -176,9 +176,9 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
 }
 
 
-// kLoadsBeforeStores (a residual is required): every pack of x and residual is loaded before the first residual_out store.
-// Interleaved, the compiler cannot move pack k+1's loads above pack k's store (residual_out may
-// alias them), so a thread waits one memory latency per pack.
+// kLoadsBeforeStores (a residual is required): every pack of x and residual is loaded before the
+// first residual_out store. Interleaved, the compiler cannot move pack k+1's loads above pack k's
+// store (residual_out may alias them), so a thread waits one memory latency per pack.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores>
 __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProblem& p) {
   using acc_t = at::opmath_type<scalar_t>;
