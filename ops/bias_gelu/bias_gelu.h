@@ -9,20 +9,24 @@
 
 namespace fused_ops {
 
-template <typename opmath_t>
-struct BiasGeluForward {
-  GeluApproximation approximation;
-  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
-    out[0] = gelu(in[0] + in[1], approximation);
-  }
-};
+// Approximation: GeluApproximation or FixedGeluApproximation<...> (activations.h).
+template <typename Approximation>
+struct BiasGelu {
+  template <typename opmath_t>
+  struct Forward {  // in: x, bias
+    Approximation approximation;
+    FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
+      out[0] = gelu(in[0] + in[1], GeluApproximation(approximation));
+    }
+  };
 
-template <typename opmath_t>
-struct BiasGeluBackward {  // in: grad, x, bias
-  GeluApproximation approximation;
-  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[1]) const {
-    out[0] = in[0] * gelu_derivative(in[1] + in[2], approximation);
-  }
+  template <typename opmath_t>
+  struct Backward {  // in: grad, x, bias
+    Approximation approximation;
+    FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[1]) const {
+      out[0] = in[0] * gelu_derivative(in[1] + in[2], GeluApproximation(approximation));
+    }
+  };
 };
 
 // Allocate the result and hand the [rows, H] problem to `run_rows` (the CPU or the CUDA loop).

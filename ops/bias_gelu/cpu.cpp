@@ -6,14 +6,14 @@ namespace fused_ops {
 
 at::Tensor bias_gelu_cpu(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation) {
   return bias_gelu_forward(x, bias, [&](const auto& problem) {
-    rowwise_cpu<BiasGeluForward>(problem, x.scalar_type(), approximation);
+    rowwise_cpu<BiasGelu<GeluApproximation>::Forward>(problem, x.scalar_type(), approximation);
   });
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad, const at::Tensor& x,
                                                           const at::Tensor& bias, GeluApproximation approximation) {
   return bias_gelu_backward(grad, x, bias, [&](const auto& problem, at::Tensor& grad_bias) {
-    rowwise_cpu<BiasGeluBackward>(problem, x.scalar_type(), approximation);
+    rowwise_cpu<BiasGelu<GeluApproximation>::Backward>(problem, x.scalar_type(), approximation);
     if (problem.rows == 0) {
       grad_bias.zero_();
       return;

@@ -5,18 +5,24 @@
 namespace fused_ops {
 
 at::Tensor bias_gelu_cuda(const at::Tensor& x, const at::Tensor& bias, GeluApproximation approximation) {
-  const GeluApproximation kernel_approximation = for_16_bit_results(approximation, x.element_size() == 2);
   return bias_gelu_forward(x, bias, [&](const auto& problem) {
-    cuda::rowwise_cuda<BiasGeluForward>(problem, x.scalar_type(), x.device(), kernel_approximation);
+    with_kernel_gelu_approximation(for_16_bit_results(approximation, x.element_size() == 2), problem.rows,
+                                   [&](auto kernel_approximation) {
+      using Kernels = BiasGelu<decltype(kernel_approximation)>;
+      cuda::rowwise_cuda<Kernels::template Forward>(problem, x.scalar_type(), x.device(), kernel_approximation);
+    });
   });
 }
 
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
                                                            const at::Tensor& bias, GeluApproximation approximation) {
-  const GeluApproximation kernel_approximation = for_16_bit_results(approximation, x.element_size() == 2);
   return bias_gelu_backward(grad, x, bias, [&](const auto& problem, const at::Tensor& grad_bias) {
-    cuda::rowwise_cuda_with_column_sums<BiasGeluBackward>(problem, x.scalar_type(), x.device(), grad_bias,
-                                                          kernel_approximation);
+    with_kernel_gelu_approximation(for_16_bit_results(approximation, x.element_size() == 2), problem.rows,
+                                   [&](auto kernel_approximation) {
+      using Kernels = BiasGelu<decltype(kernel_approximation)>;
+      cuda::rowwise_cuda_with_column_sums<Kernels::template Backward>(problem, x.scalar_type(), x.device(),
+                                                                      grad_bias, kernel_approximation);
+    });
   });
 }
 

@@ -8,21 +8,25 @@
 
 namespace fused_ops {
 
-template <typename opmath_t>
-struct GeluMulForward {  // in: gate, up
-  GeluApproximation approximation;
-  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
-    out[0] = gelu(in[0], approximation) * in[1];
-  }
-};
+// Approximation: GeluApproximation or FixedGeluApproximation<...> (activations.h).
+template <typename Approximation>
+struct GeluMul {
+  template <typename opmath_t>
+  struct Forward {  // in: gate, up
+    Approximation approximation;
+    FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[2], opmath_t (&out)[1]) const {
+      out[0] = gelu(in[0], GeluApproximation(approximation)) * in[1];
+    }
+  };
 
-template <typename opmath_t>
-struct GeluMulBackward {  // in: grad, gate, up; out: grad_gate, grad_up
-  GeluApproximation approximation;
-  FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[2]) const {
-    out[0] = in[0] * in[2] * gelu_derivative(in[1], approximation);
-    out[1] = in[0] * gelu(in[1], approximation);
-  }
+  template <typename opmath_t>
+  struct Backward {  // in: grad, gate, up; out: grad_gate, grad_up
+    Approximation approximation;
+    FUSED_HOST_DEVICE void operator()(const opmath_t (&in)[3], opmath_t (&out)[2]) const {
+      out[0] = in[0] * in[2] * gelu_derivative(in[1], GeluApproximation(approximation));
+      out[1] = in[0] * gelu(in[1], GeluApproximation(approximation));
+    }
+  };
 };
 
 at::Tensor gelu_mul_cpu(const at::Tensor& x, GeluApproximation approximation);
