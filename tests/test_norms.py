@@ -273,12 +273,13 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
-@pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192)])
+@pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
-    """Decode: 1 to 16 rows of 2048 to 8192 elements, the rows a serving step normalises (on CUDA
-    the wide decode blocks and the weight-gradient sums of their partial rows), mixed precision too."""
+    """Decode: 1 to 128 rows of 2048 to 16384 elements, the rows a serving step normalises (on CUDA
+    the wide decode blocks; from 2 rows the weight gradients summed by columns from each row's mean
+    and rstd, 3000 leaving some threads' last pack empty), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 

@@ -8,7 +8,8 @@
 //     adds the partial rows in block order: deterministic weight and bias gradients for the cost
 //     of one small pass (none when one block covers all rows). With several rows per block and
 //     several packs per thread, each block's next row is copied into shared memory (cp.async)
-//     while it works on the current one.
+//     while it works on the current one. Decode (2 to kNormFewRows rows): one block per row stores
+//     the row's mean and rstd, and weight_grad_kernel sums by columns, as on the long-row path.
 //   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
 //     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
 //     and rstd so weight_grad_kernel sums grad·n by columns.
@@ -320,12 +321,15 @@ inline size_t backward_staging_bytes(bool has_grad_residual, int threads, int pa
   return size_t(has_grad_residual ? 3 : 2) * threads * packs_per_thread * 16;
 }
 
+// kRowStatistics (decode, one block per row): no column sums; each row's mean and rstd go to
+// `row_statistics` ([rows, 2]) for weight_grad_kernel, which sums by columns with every SM.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums,
-          bool kStaged>
+          bool kStaged, bool kRowStatistics = false>
 __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kKind> : kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
-                                at::opmath_type<scalar_t>* bias_partials) {
+                                at::opmath_type<scalar_t>* bias_partials, at::opmath_type<scalar_t>* row_statistics) {
   using acc_t = at::opmath_type<scalar_t>;
+  static_assert(!kRowStatistics || (!kSharedSums && !kStaged), "row statistics replace the column sums");
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
   constexpr int kChunk = std::min<int>(kWidth, 16 / sizeof(acc_t));
@@ -419,6 +423,12 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     // The slots' x and grad are in registers and used above: the next row's copies may land.
     if constexpr (kStaged) stage_x_and_grad(row + gridDim.x);
     const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
+    if constexpr (kRowStatistics) {
+      if (threadIdx.x == 0) {
+        row_statistics[2 * row] = statistics.mean;
+        row_statistics[2 * row + 1] = statistics.rstd;
+      }
+    }
     if constexpr (kStaged) wait_async_copies<1>();  // this row's grad_residual; the next row's x and grad may pend
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -433,7 +443,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       Chunk weight_chunks[kChunksPerPack];
       Chunk bias_chunks[kChunksPerPack];
 #pragma unroll
-      for (int c = 0; c < kChunksPerPack; ++c) {
+      for (int c = 0; c < (kRowStatistics ? 0 : kChunksPerPack); ++c) {
         if constexpr (kSharedSums) {
           weight_chunks[c] = weight_sums[c * packs_per_row + pack];
           if constexpr (kKind == NormKind::Layer) bias_chunks[c] = bias_sums[c * packs_per_row + pack];
@@ -450,11 +460,13 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
         acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight.values[j]), n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
-        weight_chunks[j / kChunk].values[j % kChunk] += g * n;
-        if constexpr (kKind == NormKind::Layer) bias_chunks[j / kChunk].values[j % kChunk] += g;
+        if constexpr (!kRowStatistics) {
+          weight_chunks[j / kChunk].values[j % kChunk] += g * n;
+          if constexpr (kKind == NormKind::Layer) bias_chunks[j / kChunk].values[j % kChunk] += g;
+        }
       }
 #pragma unroll
-      for (int c = 0; c < kChunksPerPack; ++c) {
+      for (int c = 0; c < (kRowStatistics ? 0 : kChunksPerPack); ++c) {
         if constexpr (kSharedSums) {
           weight_sums[c * packs_per_row + pack] = weight_chunks[c];
           if constexpr (kKind == NormKind::Layer) bias_sums[c * packs_per_row + pack] = bias_chunks[c];
@@ -467,6 +479,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     }
     if constexpr (kStaged) stage_grad_residual(row + gridDim.x);
   }
+  if constexpr (kRowStatistics) return;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -659,6 +672,14 @@ __global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<
     static_cast<weight_t*>(p.grad_weight)[column] = static_cast<weight_t>(weight_sum);
     if (kKind == NormKind::Layer) static_cast<weight_t*>(p.grad_bias)[column] = static_cast<weight_t>(bias_sum);
   }
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind>
+void launch_weight_grad(const NormBackwardProblem& p, const at::Tensor& statistics, cudaStream_t stream) {
+  weight_grad_kernel<scalar_t, weight_t, kKind>
+      <<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, kRowGroups), 0, stream>>>(
+          p, statistics.const_data_ptr<at::opmath_type<scalar_t>>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -854,7 +875,7 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
           const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
           acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
           acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
-          kernel<<<grid, config.threads, shared_bytes, stream>>>(p, weight_partials, bias_partials);
+          kernel<<<grid, config.threads, shared_bytes, stream>>>(p, weight_partials, bias_partials, nullptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           if (grid > 1) {
             launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
@@ -882,9 +903,21 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
         };
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           constexpr int kPacks = decltype(packs_constant)::value;
+          if (p.rows > 1 && p.rows <= kNormFewRows) {
+            // Decode: the weight gradients are summed by columns afterwards, on every SM, instead of
+            // in partial rows by the rows' few blocks. H200, bf16 16x8192 fwd+bwd kernels:
+            // add_layer_norm 11.3 -> 8.3 us, rms_norm 7.9 -> 6.8 (docs/benchmarks.md, Change 9).
+            const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
+            norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, false, true>
+                <<<static_cast<unsigned int>(p.rows), config.threads, 0, stream>>>(
+                    p, nullptr, nullptr, statistics.mutable_data_ptr<acc_t>());
+            C10_CUDA_KERNEL_LAUNCH_CHECK();
+            launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
+            return;
+          }
           auto launch_with_sums = [&](auto shared_sums_constant) {
             constexpr bool kSharedSums = decltype(shared_sums_constant)::value;
-            void (*staged)(NormBackwardProblem, acc_t*, acc_t*) = nullptr;
+            void (*staged)(NormBackwardProblem, acc_t*, acc_t*, acc_t*) = nullptr;
             if constexpr (stageable_backward<kWidth, kPacks>(sizeof(scalar_t))) {
               staged = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, kSharedSums, true>;
             }
@@ -900,10 +933,7 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
         norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
             <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p, statistics.mutable_data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
-        weight_grad_kernel<scalar_t, weight_t, kKind>
-            <<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, kRowGroups), 0, stream>>>(
-                p, statistics.const_data_ptr<acc_t>());
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
       }
     });
   });
