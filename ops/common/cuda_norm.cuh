@@ -479,38 +479,39 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     }
     if constexpr (kStaged) stage_grad_residual(row + gridDim.x);
   }
-  if constexpr (kRowStatistics) return;
+  if constexpr (!kRowStatistics) {  // row statistics: weight_grad_kernel sums the columns
 #pragma unroll
-  for (int k = 0; k < kPacks; ++k) {
-    const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
-    if (pack >= packs_per_row) continue;
-    acc_t weight_sum[kWidth], bias_sum[kWidth];
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      const int64_t chunk = (j / kChunk) * packs_per_row + pack;
-      if constexpr (kSharedSums) {
-        weight_sum[j] = weight_sums[chunk].values[j % kChunk];
-        if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_sums[chunk].values[j % kChunk];
-      } else {
-        weight_sum[j] = weight_registers[k][j / kChunk].values[j % kChunk];
-        if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_registers[k][j / kChunk].values[j % kChunk];
-      }
-    }
-    if (gridDim.x == 1) {
-      weight_t weight_out[kWidth], bias_out[kWidth];
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
+      if (pack >= packs_per_row) continue;
+      acc_t weight_sum[kWidth], bias_sum[kWidth];
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        weight_out[j] = static_cast<weight_t>(weight_sum[j]);
-        if constexpr (kKind == NormKind::Layer) bias_out[j] = static_cast<weight_t>(bias_sum[j]);
+        const int64_t chunk = (j / kChunk) * packs_per_row + pack;
+        if constexpr (kSharedSums) {
+          weight_sum[j] = weight_sums[chunk].values[j % kChunk];
+          if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_sums[chunk].values[j % kChunk];
+        } else {
+          weight_sum[j] = weight_registers[k][j / kChunk].values[j % kChunk];
+          if constexpr (kKind == NormKind::Layer) bias_sum[j] = bias_registers[k][j / kChunk].values[j % kChunk];
+        }
       }
-      store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_out);
-      if constexpr (kKind == NormKind::Layer) {
-        store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_out);
-      }
-    } else {
-      store_consecutive(weight_partials + blockIdx.x * p.columns + pack * kWidth, weight_sum);
-      if constexpr (kKind == NormKind::Layer) {
-        store_consecutive(bias_partials + blockIdx.x * p.columns + pack * kWidth, bias_sum);
+      if (gridDim.x == 1) {
+        weight_t weight_out[kWidth], bias_out[kWidth];
+#pragma unroll
+        for (int j = 0; j < kWidth; ++j) {
+          weight_out[j] = static_cast<weight_t>(weight_sum[j]);
+          if constexpr (kKind == NormKind::Layer) bias_out[j] = static_cast<weight_t>(bias_sum[j]);
+        }
+        store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_out);
+        if constexpr (kKind == NormKind::Layer) {
+          store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_out);
+        }
+      } else {
+        store_consecutive(weight_partials + blockIdx.x * p.columns + pack * kWidth, weight_sum);
+        if constexpr (kKind == NormKind::Layer) {
+          store_consecutive(bias_partials + blockIdx.x * p.columns + pack * kWidth, bias_sum);
+        }
       }
     }
   }
