@@ -283,6 +283,33 @@ def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
+@pytest.mark.parametrize("rows_kind", ["mean_far_from_zero", "one_massive_channel"])
+@pytest.mark.parametrize("shape", [(4, 8192), (300, 1024), (3, 4097), (2, 16384)])
+def test_rows_far_from_centred(spec, device, dtype, shape, rows_kind):
+    """Rows whose mean is 1000 standard deviations from zero, and rows with one channel at 1000 (the
+    "massive activations" of large language models): output and x-gradient against float64. The
+    statistics must not come from differences of large sums: that cancellation would miss by the
+    row's spread (1e4 tolerances and more); float rounding of values near 1000 costs up to ~50."""
+    inputs = spec.inputs(shape, dtype, device)
+    x = inputs[0].float()
+    if rows_kind == "mean_far_from_zero":
+        x = x + 1000
+    else:
+        x[..., 0] = 1000
+    inputs[0] = x.to(dtype)
+    if spec.residual:  # zero: the float64 reference adds unrounded, and near 1000 a 16-bit h rounds by up to 4
+        inputs[1] = torch.zeros_like(inputs[1])
+    inputs = [t.requires_grad_(True) for t in inputs]
+    outs = spec.fused(*inputs)
+    grad_out = random(shape, dtype, device)
+    (grad_x,) = torch.autograd.grad(outs[0], inputs[0], grad_out)
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    reference = spec.reference(*inputs64)
+    (expected_grad_x,) = torch.autograd.grad(reference[0], inputs64[0], grad_out.double())
+    assert_close_to_reference(outs[0], reference[0], dtype, 200)
+    assert_close_to_reference(grad_x, expected_grad_x, dtype, 200)
+
+
 def test_gradcheck_and_gradgradcheck(spec, device):
     inputs = [t.requires_grad_(True) for t in spec.inputs((3, 6), torch.float64, device)]
     assert torch.autograd.gradcheck(lambda *t: spec.fused(*t), inputs)
