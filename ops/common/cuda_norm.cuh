@@ -20,6 +20,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <limits>
@@ -189,12 +190,15 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
   __shared__ acc_t shared[32];
   const int64_t packs_per_row = p.columns / kWidth;
   auto add_residual = [&](XPack& sum, const XPack& residual) {
-    if constexpr (kLoadsBeforeStores && std::is_same_v<scalar_t, c10::BFloat16>) {
-      // Packed (HADD2.BF16_V2: the exact sum rounded once, as float addition then rounding), so the
-      // sums stay packed: bf16 four packs load first in 64 registers (96-98 with float additions).
-      static_assert(kWidth % 2 == 0, "packed adds take bf16 pairs");
-      auto* sum_pairs = reinterpret_cast<__nv_bfloat162*>(sum.values);
-      const auto* residual_pairs = reinterpret_cast<const __nv_bfloat162*>(residual.values);
+    constexpr bool kBFloat16 = std::is_same_v<scalar_t, c10::BFloat16>;
+    if constexpr (kLoadsBeforeStores && (kBFloat16 || std::is_same_v<scalar_t, c10::Half>)) {
+      // Packed (HADD2: the exact sum rounded once, as float addition then rounding: for float16
+      // checked on every pair of finite values), so the sums stay packed: bf16 four packs load
+      // first in 64 registers (96-98 with float additions).
+      using Pair = std::conditional_t<kBFloat16, __nv_bfloat162, __half2>;
+      static_assert(kWidth % 2 == 0, "packed adds take pairs");
+      auto* sum_pairs = reinterpret_cast<Pair*>(sum.values);
+      const auto* residual_pairs = reinterpret_cast<const Pair*>(residual.values);
 #pragma unroll
       for (int j = 0; j < kWidth / 2; ++j) sum_pairs[j] = __hadd2(sum_pairs[j], residual_pairs[j]);
     } else {
@@ -287,12 +291,13 @@ __global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_
 // Where loads first were measured to win (H200, add_rms_norm/add_layer_norm forwards, fused only):
 // bf16 with two packs (add_layer_norm 4096x4096 39.3 -> 35.9-36.3 µs), bf16 with four and packed
 // adds (add_layer_norm 4096x16384 149-153 -> 138-140, 16384x8192 274-275 -> 268) and float16 with
-// four (add_layer_norm 4096x16384 150 -> 137, 16384x8192 273 -> 264-268). float16 with two ran 2-3 µs
-// slower than the plain kernel at 4096x4096 in this kernel's build. float32/float64: not measured.
+// four (add_layer_norm 4096x16384 150 -> 137, 16384x8192 273 -> 264-268), and float16 with two once
+// its adds were packed too (add_layer_norm 4096x4096 37.1-37.8 -> 35.8; with float adds it ran 2-3 µs
+// slower than the plain kernel). float32/float64: not measured.
 template <typename scalar_t, int kWidth, int kPacks>
 constexpr bool forward_loads_first_fits() {
-  return kWidth * sizeof(scalar_t) == 16 && ((std::is_same_v<scalar_t, c10::BFloat16> && kPacks >= 2) ||
-                                             (std::is_same_v<scalar_t, c10::Half> && kPacks == 4));
+  return kWidth * sizeof(scalar_t) == 16 && kPacks >= 2 &&
+         (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half>);
 }
 
 // grad_x for the block's rows. The block's sums of grad·n (and grad) per column are kept either in
