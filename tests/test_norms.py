@@ -273,14 +273,32 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
-@pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384)])
+@pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384),
+                                   (1, 12296), (1, 3000), (1, 2048), (3, 1032)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
-    """Decode: 1 to 128 rows of 2048 to 16384 elements, the rows a serving step normalises (on CUDA
-    the wide decode blocks; from 2 rows the weight gradients summed by columns from each row's mean
-    and rstd, 3000 leaving some threads' last pack empty), mixed precision too."""
+    """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
+    from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
+    last blocks part empty at 3000 and 12296; elsewhere the wide decode blocks; from 2 rows the
+    weight gradients summed by columns from each row's mean and rstd), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
+
+
+def test_one_row_runs_on_a_cluster(spec, device):
+    """From Hopper, the backward of one bf16 row of 8192 runs on a cluster of SMs, and so does the
+    RMSNorm forward (the LayerNorm forward stays in one block): the decode path is taken, not
+    silently replaced by the one-block kernels it measured faster than."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: CUDA from Hopper")
+    inputs = [t.requires_grad_(True) for t in spec.inputs((1, 8192), torch.bfloat16, device)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        outputs = spec.fused(*inputs)
+        torch.autograd.backward(outputs[0], torch.randn_like(outputs[0]))
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert any("norm_backward_cluster_kernel" in name for name in kernels), kernels
+    assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == (not spec.layer), kernels
 
 
 @pytest.mark.parametrize("rows_kind", ["mean_far_from_zero", "one_massive_channel"])

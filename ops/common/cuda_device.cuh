@@ -12,6 +12,12 @@ inline int sm_count(int device = c10::cuda::current_device()) {
   return sms;
 }
 
+inline int compute_capability_major(int device = c10::cuda::current_device()) {
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major;
+}
+
 // Shared memory one block may use (static plus dynamic, after opting in) on `device`.
 inline int max_shared_bytes_per_block(int device = c10::cuda::current_device()) {
   int bytes = 0;

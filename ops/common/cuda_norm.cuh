@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -123,6 +124,20 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
   }
 }
 
+// 1 / columns from the problem (a kernel parameter, which an FMUL reads as its operand): the row
+// statistics multiply by it instead of dividing (an IEEE division is a dozen instructions with its
+// slow-path check, on each reduction's critical path). The two-pack LayerNorm forward needs 40
+// registers instead of 53 (H200 bf16 4096x4096: 25.5 -> 21.7 us). Exact for power-of-two rows, else
+// within one rounding of the division.
+template <typename acc_t, typename Problem>
+__device__ __forceinline__ acc_t inverse_columns_of(const Problem& p) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return p.inverse_columns_double;
+  } else {
+    return p.inverse_columns_float;
+  }
+}
+
 // Backward of one row: its sums Σ (h - mean)², Σ gw·(h - mean), Σ gw (gw = grad · weight) over
 // the block give rstd and the means in grad_h = rstd · (gw - mean(gw) - n · mean(gw · n)),
 // n = (h - mean) · rstd (RMS: mean = mean(gw) = 0).
@@ -147,12 +162,20 @@ struct BackwardRow {
   }
 };
 
+// From the row's sums, already reduced.
 template <NormKind kKind, typename acc_t>
-__device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&sums)[3], int64_t columns, double eps,
-                                                          acc_t* shared) {
+__device__ __forceinline__ BackwardRow<acc_t> backward_row_of_sums(acc_t mean, const acc_t (&sums)[3],
+                                                                  acc_t inverse_columns, double eps) {
+  const acc_t rstd = reciprocal_sqrt(sums[0] * inverse_columns + static_cast<acc_t>(eps));
+  return {mean, rstd, kKind == NormKind::Layer ? sums[2] * inverse_columns : acc_t(0),
+          sums[1] * rstd * inverse_columns};
+}
+
+template <NormKind kKind, typename acc_t>
+__device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&sums)[3], acc_t inverse_columns,
+                                                          double eps, acc_t* shared) {
   block_sum(sums, shared);
-  const acc_t rstd = reciprocal_sqrt(sums[0] / columns + static_cast<acc_t>(eps));
-  return {mean, rstd, kKind == NormKind::Layer ? sums[2] / columns : acc_t(0), sums[1] * rstd / columns};
+  return backward_row_of_sums<kKind>(mean, sums, inverse_columns, eps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,7 +185,7 @@ __device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&s
 // 0 for RMSNorm, which does not center.
 template <NormKind kKind, typename acc_t, typename T, int kWidth, int kPacks>
 __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[kPacks], int64_t packs_per_row,
-                                                 int64_t columns, acc_t* shared) {
+                                                 acc_t inverse_columns, acc_t* shared) {
   if constexpr (kKind == NormKind::RMS) {
     return acc_t(0);
   } else {
@@ -174,10 +197,31 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
       for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(packs[k].values[j]);
     }
     block_sum(sum, shared);
-    return sum[0] / columns;
+    return sum[0] * inverse_columns;
   }
 }
 
+
+// sum = x + residual, rounded to x's type. kPacked (16-bit pairs): HADD2, the exact sum rounded once,
+// which is float addition then rounding (for float16 checked on every pair of finite values); the
+// sums stay packed: bf16 four packs load first in 64 registers (96-98 with float additions).
+template <bool kPacked, typename scalar_t, int kWidth>
+__device__ __forceinline__ void add_residual_pack(Pack<scalar_t, kWidth>& sum, const Pack<scalar_t, kWidth>& residual) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool kBFloat16 = std::is_same_v<scalar_t, c10::BFloat16>;
+  if constexpr (kPacked && (kBFloat16 || std::is_same_v<scalar_t, c10::Half>) && kWidth % 2 == 0) {
+    using Pair = std::conditional_t<kBFloat16, __nv_bfloat162, __half2>;
+    auto* sum_pairs = reinterpret_cast<Pair*>(sum.values);
+    const auto* residual_pairs = reinterpret_cast<const Pair*>(residual.values);
+#pragma unroll
+    for (int j = 0; j < kWidth / 2; ++j) sum_pairs[j] = __hadd2(sum_pairs[j], residual_pairs[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      sum.values[j] = static_cast<scalar_t>(static_cast<acc_t>(sum.values[j]) + static_cast<acc_t>(residual.values[j]));
+    }
+  }
+}
 
 // kLoadsBeforeStores (a residual is required): every pack of x and residual is loaded before the
 // first residual_out store. Interleaved, the compiler cannot move pack k+1's loads above pack k's
@@ -189,25 +233,9 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
   using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32];
   const int64_t packs_per_row = p.columns / kWidth;
+  const acc_t inverse_columns = inverse_columns_of<acc_t>(p);
   auto add_residual = [&](XPack& sum, const XPack& residual) {
-    constexpr bool kBFloat16 = std::is_same_v<scalar_t, c10::BFloat16>;
-    if constexpr (kLoadsBeforeStores && (kBFloat16 || std::is_same_v<scalar_t, c10::Half>)) {
-      // Packed (HADD2: the exact sum rounded once, as float addition then rounding: for float16
-      // checked on every pair of finite values), so the sums stay packed: bf16 four packs load
-      // first in 64 registers (96-98 with float additions).
-      using Pair = std::conditional_t<kBFloat16, __nv_bfloat162, __half2>;
-      static_assert(kWidth % 2 == 0, "packed adds take pairs");
-      auto* sum_pairs = reinterpret_cast<Pair*>(sum.values);
-      const auto* residual_pairs = reinterpret_cast<const Pair*>(residual.values);
-#pragma unroll
-      for (int j = 0; j < kWidth / 2; ++j) sum_pairs[j] = __hadd2(sum_pairs[j], residual_pairs[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kWidth; ++j) {
-        sum.values[j] =
-            static_cast<scalar_t>(static_cast<acc_t>(sum.values[j]) + static_cast<acc_t>(residual.values[j]));
-      }
-    }
+    add_residual_pack<kLoadsBeforeStores>(sum, residual);
   };
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack h[kPacks];
@@ -241,7 +269,7 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
         }
       }
     }
-    const acc_t mean = cached_row_mean<kKind>(h, packs_per_row, p.columns, shared);
+    const acc_t mean = cached_row_mean<kKind>(h, packs_per_row, inverse_columns, shared);
     acc_t squares[1] = {0};
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -253,7 +281,10 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
       }
     }
     block_sum(squares, shared);
-    const acc_t rstd = reciprocal_sqrt(squares[0] / p.columns + static_cast<acc_t>(p.eps));
+    // RMSNorm divides: its multiply let ptxas hoist the weight loads above the reduction, 40 -> 51
+    // registers in the two-pack forward (H200 bf16 4096x4096: 19.5 -> 21.5 us).
+    const acc_t variance = kKind == NormKind::RMS ? squares[0] / p.columns : squares[0] * inverse_columns;
+    const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -300,6 +331,197 @@ constexpr bool forward_loads_first_fits() {
          (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half>);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Cluster path (one row, on Hopper and later): the row's packs are split over a cluster of up to
+// eight blocks of four warps, on as many SMs, which reduce through distributed shared memory. A row
+// in one block runs 32 warps on one SM: ncu counts 11,296 warp instructions in the one-row
+// add_layer_norm forward, at least 2,824 cycles of its SM's four schedulers, about half its time
+// (docs/benchmarks.md, Change 10). Each cluster-wide sum costs a cluster barrier, so the path takes
+// only what gained on an H200 (bf16, one row of 8192, kernel times, docs/benchmarks.md Change 11):
+// every backward (rms_norm 2.99 -> 2.35 us, layer_norm 3.54 -> 3.16) and the RMSNorm forwards
+// (rms_norm 2.15 -> 1.95, add_rms_norm 2.57 -> 2.00). A LayerNorm forward over a cluster, with its
+// second reduction, lost (layer_norm 2.56 -> 2.81), and so did 16 rows in clusters of eight
+// (layer_norm backward 3.00 -> 3.61).
+
+constexpr int kClusterBlockThreads = 128;
+constexpr int kClusterWarps = kClusterBlockThreads / 32;
+constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
+
+// `values` summed over the cluster, the same in every thread (every warp adds the same partials in
+// the same lanes). `slots` is this reduction's own shared array of kCount * kClusterWarps values:
+// the cluster barrier inside publishes them, and no block may overwrite or free them while others
+// read (callers arrive on the cluster barrier after their last reduction and wait before exiting).
+template <int kCount, typename acc_t>
+__device__ __forceinline__ void cluster_sum(acc_t (&values)[kCount], acc_t* slots) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = warp_sum(values[i]);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) slots[i * kClusterWarps + threadIdx.x / 32] = values[i];
+  }
+  cg::this_cluster().sync();
+  const int partials = static_cast<int>(cg::this_cluster().num_blocks()) * kClusterWarps;  // at most 32
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    const acc_t partial =
+        lane < partials
+            ? *cg::this_cluster().map_shared_rank(slots + i * kClusterWarps + lane % kClusterWarps, lane / kClusterWarps)
+            : acc_t(0);
+    values[i] = warp_sum(partial);
+  }
+#endif  // never launched below sm_90 (cluster_launch)
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// This thread's packs of the one row: thread t of the cluster's block r holds packs
+// r * kClusterBlockThreads * packs_per_thread + t + k * kClusterBlockThreads.
+struct ClusterRowPacks {
+  int64_t first_pack;
+  int64_t packs_per_row;
+  __device__ __forceinline__ ClusterRowPacks(int64_t packs_per_row, int packs_per_thread)
+      : first_pack(int64_t(cooperative_groups::this_cluster().block_rank()) * kClusterBlockThreads * packs_per_thread +
+                   threadIdx.x),
+        packs_per_row(packs_per_row) {}
+  __device__ __forceinline__ int64_t pack(int k) const { return first_pack + int64_t(k) * kClusterBlockThreads; }
+  __device__ __forceinline__ bool in_row(int k) const { return pack(k) < packs_per_row; }
+  template <typename T, int kWidth, int kPacks>
+  __device__ __forceinline__ void load(Pack<T, kWidth> (&values)[kPacks], const void* base) const {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (in_row(k)) values[k] = load_pack<T, kWidth>(base, 0, pack(k));
+    }
+  }
+};
+#endif
+
+template <typename scalar_t, typename weight_t, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster_kernel(NormForwardProblem p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
+  __shared__ acc_t square_slots[kClusterWarps];
+  const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  XPack h[kPacks];
+  XPack residual[kPacks];
+  // Every load before the first store (see kLoadsBeforeStores).
+  packs.load(h, p.x);
+  if (p.residual) packs.load(residual, p.residual);
+  if (p.residual) {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (!packs.in_row(k)) continue;
+      add_residual_pack<true>(h[k], residual[k]);
+      store_pack<scalar_t, kWidth>(p.residual_out, 0, packs.pack(k), h[k]);
+    }
+  }
+  acc_t squares[1] = {0};
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      const acc_t value = static_cast<acc_t>(h[k].values[j]);
+      squares[0] += value * value;
+    }
+  }
+  cluster_sum(squares, square_slots);
+  const acc_t rstd = reciprocal_sqrt(squares[0] * inverse_columns_of<acc_t>(p) + static_cast<acc_t>(p.eps));
+  // This block is done reading the others' slots; they may not leave before it has read theirs.
+  cg::this_cluster().barrier_arrive();
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, packs.pack(k));
+    XPack out;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      out.values[j] =
+          static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) * rstd * static_cast<acc_t>(weight.values[j]));
+    }
+    store_pack<scalar_t, kWidth>(p.out, 0, packs.pack(k), out);
+  }
+  cg::this_cluster().barrier_wait();
+#endif
+}
+
+// The backward of the row split as in rms_norm_forward_cluster_kernel: its grad·n and grad are the
+// weight gradients, written straight to them.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_kernel(NormBackwardProblem p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
+  __shared__ acc_t mean_slots[kClusterWarps];
+  __shared__ acc_t sum_slots[3 * kClusterWarps];
+  const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  XPack x[kPacks];
+  XPack grad[kPacks];
+  packs.load(x, p.x);
+  packs.load(grad, p.grad);
+  acc_t mean = 0;
+  if constexpr (kKind == NormKind::Layer) {
+    acc_t sum[1] = {0};
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (!packs.in_row(k)) continue;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x[k].values[j]);
+    }
+    cluster_sum(sum, mean_slots);
+    mean = sum[0] * inverse_columns_of<acc_t>(p);
+  }
+  acc_t sums[3] = {0, 0, 0};
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, packs.pack(k));
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
+                         static_cast<acc_t>(weight.values[j]), mean);
+    }
+  }
+  cluster_sum(sums, sum_slots);
+  const BackwardRow<acc_t> statistics = backward_row_of_sums<kKind>(mean, sums, inverse_columns_of<acc_t>(p), p.eps);
+  // This block is done reading the others' slots; they may not leave before it has read theirs.
+  cg::this_cluster().barrier_arrive();
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+    const int64_t pack = packs.pack(k);
+    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+    XPack grad_residual;
+    if (p.grad_residual) grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, 0, pack);
+    XPack grad_x;
+    weight_t weight_grad[kWidth];
+    weight_t bias_grad[kWidth];
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      const acc_t g = static_cast<acc_t>(grad[k].values[j]);
+      const acc_t n = statistics.normalized(static_cast<acc_t>(x[k].values[j]));
+      acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight.values[j]), n);
+      if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
+      grad_x.values[j] = static_cast<scalar_t>(value);
+      weight_grad[j] = static_cast<weight_t>(g * n);
+      bias_grad[j] = static_cast<weight_t>(g);
+    }
+    store_pack<scalar_t, kWidth>(p.grad_x, 0, pack, grad_x);
+    store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_grad);
+    if constexpr (kKind == NormKind::Layer) {
+      store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_grad);
+    }
+  }
+  cg::this_cluster().barrier_wait();
+#endif
+}
+
 // grad_x for the block's rows. The block's sums of grad·n (and grad) per column are kept either in
 // registers (kSharedSums false) or in shared memory as 16-byte chunks laid out [chunk][pack], so a
 // warp's accesses are consecutive and vectorized (each thread only touches its own columns). They
@@ -343,6 +565,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   __shared__ acc_t shared[32 * 3];
   extern __shared__ __align__(16) unsigned char norm_shared_bytes[];
   const int64_t packs_per_row = p.columns / kWidth;
+  const acc_t inverse_columns = inverse_columns_of<acc_t>(p);
   Chunk* weight_sums = reinterpret_cast<Chunk*>(norm_shared_bytes);
   Chunk* bias_sums = weight_sums + p.columns / kChunk;  // Layer only
   // Staging slots [input (x, grad, grad_residual)][k][threadIdx.x], after the sums.
@@ -411,7 +634,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
         grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
       }
     }
-    const acc_t mean = cached_row_mean<kKind>(x, packs_per_row, p.columns, shared);
+    const acc_t mean = cached_row_mean<kKind>(x, packs_per_row, inverse_columns, shared);
     // Σ (h - mean)², Σ gw·(h - mean), Σ gw in one reduction.
     acc_t sums[3] = {0, 0, 0};
 #pragma unroll
@@ -427,7 +650,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     }
     // The slots' x and grad are in registers and used above: the next row's copies may land.
     if constexpr (kStaged) stage_x_and_grad(row + gridDim.x);
-    const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
+    const BackwardRow<acc_t> statistics = backward_row<kKind>(mean, sums, inverse_columns, p.eps, shared);
     if constexpr (kRowStatistics) {
       if (threadIdx.x == 0) {
         row_statistics[2 * row] = statistics.mean;
@@ -557,6 +780,8 @@ __global__ void __launch_bounds__(kLongRowThreads) norm_forward_long_row_kernel(
     }
     block_sum(sum, shared);
     acc_t mean = 0;
+    // Divides: multiplying by 1 / columns took this kernel from 32 to 42 registers, one block of 1024
+    // threads per SM instead of two (H200 bf16 1024x65536 layer_norm forward 111 -> 120 us).
     acc_t variance = sum[0] / p.columns;
     if constexpr (kKind == NormKind::Layer) {
       mean = sum[0] / p.columns;
@@ -599,6 +824,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
   using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t shared[32 * 3];
   const int64_t packs_per_row = p.columns / kWidth;
+  const acc_t inverse_columns = inverse_columns_of<acc_t>(p);
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     const int64_t x_offset = row * p.x_row_stride;
     const int64_t grad_offset = row * p.grad_row_stride;
@@ -611,7 +837,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
         for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x.values[j]);
       }
       block_sum(sum, shared);
-      mean = sum[0] / p.columns;
+      mean = sum[0] * inverse_columns;
     }
     acc_t sums[3] = {0, 0, 0};
     for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
@@ -624,7 +850,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
                            static_cast<acc_t>(weight.values[j]), mean);
       }
     }
-    const BackwardRow<acc_t> row_statistics = backward_row<kKind>(mean, sums, p.columns, p.eps, shared);
+    const BackwardRow<acc_t> row_statistics = backward_row<kKind>(mean, sums, inverse_columns, p.eps, shared);
     for (int64_t pack = threadIdx.x; pack < packs_per_row; pack += blockDim.x) {
       const XPack x = load_pack<scalar_t, kWidth>(p.x, x_offset, pack);
       const XPack grad = load_pack<scalar_t, kWidth>(p.grad, grad_offset, pack);
@@ -814,6 +1040,80 @@ int cached_backward_max_threads(int64_t rows, int64_t packs) {
   return 256;
 }
 
+// Cluster path launches.
+struct ClusterConfig {
+  int64_t blocks;  // 0: not this path
+  int packs_per_thread;
+};
+
+// Several rows, a row one block covers, one longer than eight blocks of two packs per thread and GPUs
+// without clusters take the cached path.
+inline ClusterConfig cluster_config(int64_t rows, int64_t packs) {
+  const int packs_per_thread = packs <= int64_t(kMaxClusterBlocks) * kClusterBlockThreads ? 1 : 2;
+  const int64_t packs_per_block = int64_t(kClusterBlockThreads) * packs_per_thread;
+  const int64_t blocks = (packs + packs_per_block - 1) / packs_per_block;
+  if (rows != 1 || blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
+  return {blocks, packs_per_thread};
+}
+
+// Whether `kernel` has a body on this device: compiled for sm_90 or later (a build for older GPUs,
+// JIT-compiled from their PTX, would run the empty one). Cached per (kernel, device).
+template <typename Kernel>
+bool compiled_for_clusters(Kernel kernel) {
+  static std::mutex mutex;
+  static std::map<std::tuple<const void*, int>, bool> cache;
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), c10::cuda::current_device());
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = cache.find(key);
+  if (found != cache.end()) return found->second;
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+  return cache.emplace(key, attributes.ptxVersion >= 90).first->second;
+}
+
+// Launches `kernel` on one cluster of `blocks` blocks; false, launching nothing, where it has no body
+// on this device.
+template <typename Problem>
+bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream, const Problem& p) {
+  if (!compiled_for_clusters(kernel)) return false;
+  cudaLaunchAttribute cluster_shape;
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = static_cast<unsigned int>(blocks);
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned int>(blocks));
+  config.blockDim = dim3(kClusterBlockThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  config.attrs = &cluster_shape;
+  config.numAttrs = 1;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  return true;
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t stream) {
+  if constexpr (kKind != NormKind::RMS) {
+    return false;  // LayerNorm forwards stay in one block (see the cluster path)
+  } else {
+    const ClusterConfig config = cluster_config(p.rows, p.columns / kWidth);
+    if (config.blocks == 0) return false;
+    return config.packs_per_thread == 1
+               ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1>, config.blocks, stream, p)
+               : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2>, config.blocks, stream, p);
+  }
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+bool launch_norm_backward_cluster(const NormBackwardProblem& p, cudaStream_t stream) {
+  const ClusterConfig config = cluster_config(p.rows, p.columns / kWidth);
+  if (config.blocks == 0) return false;
+  return config.packs_per_thread == 1
+             ? cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 1>, config.blocks, stream, p)
+             : cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 2>, config.blocks, stream, p);
+}
+
 template <NormKind kKind>
 void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
                        c10::Device device) {
@@ -825,7 +1125,9 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
-      if (packs <= kMaxCachedPacks) {
+      if (launch_norm_forward_cluster<scalar_t, weight_t, kKind, kWidth>(p, stream)) {
+        // decode rows over clusters of SMs
+      } else if (packs <= kMaxCachedPacks) {
         const CachedConfig config = cached_config(packs, cached_max_threads(p.rows, packs));
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           constexpr int kPacks = decltype(packs_constant)::value;
@@ -869,12 +1171,17 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
+      if (launch_norm_backward_cluster<scalar_t, weight_t, kKind, kWidth>(p, stream)) return;
       // Cached unless the row is too long, or its block's shared memory does not fit this GPU.
       bool cached = packs <= kMaxCachedPacks;
       if (cached) {
-        // Sums in registers for RMS rows of over 512 packs (measured, as the block sizes).
-        const bool shared_sums = kKind == NormKind::Layer || packs <= 512;
         const CachedConfig config = cached_config(packs, cached_backward_max_threads<kKind>(p.rows, packs));
+        // Sums in registers for RMS rows of over 512 packs (measured, as the block sizes), and for a
+        // single row of up to two packs per thread, whose block writes grad·n and grad straight to the
+        // gradients: shared sums would zero, add into and copy out a row of shared memory for nothing
+        // (the four-pack LayerNorm kernel with register sums spills).
+        const bool single_short_row = p.rows == 1 && config.packs_per_thread <= 2;
+        const bool shared_sums = !single_short_row && (kKind == NormKind::Layer || packs <= 512);
         auto launch = [&](auto kernel, size_t shared_bytes, int64_t blocks) {
           const unsigned int grid = static_cast<unsigned int>(std::min(p.rows, blocks));
           // One block writes the gradients itself; more write partial rows for column_sum_kernel.

@@ -35,6 +35,10 @@ struct NormForwardProblem {
   int64_t rows;
   int64_t columns;
   double eps;
+  // 1 / columns in both precisions: the CUDA statistics multiply by it, a kernel-parameter operand,
+  // instead of dividing.
+  float inverse_columns_float;
+  double inverse_columns_double;
 };
 
 struct NormBackwardProblem {
@@ -51,6 +55,10 @@ struct NormBackwardProblem {
   int64_t rows;
   int64_t columns;
   double eps;
+  // 1 / columns in both precisions: the CUDA statistics multiply by it, a kernel-parameter operand,
+  // instead of dividing.
+  float inverse_columns_float;
+  double inverse_columns_double;
 };
 
 // `tensor` as [rows, last dim] with contiguous columns (a view when possible, else a copy).
@@ -84,7 +92,9 @@ std::tuple<at::Tensor, at::Tensor> norm_forward(const at::Tensor& x, const at::T
                              residual ? residual_out.mutable_data_ptr() : nullptr,
                              x_rows.size(0),
                              x_rows.size(1),
-                             eps};
+                             eps,
+                             1.0f / static_cast<float>(x_rows.size(1)),
+                             1.0 / static_cast<double>(x_rows.size(1))};
   run(problem);
   return {out, residual_out};
 }
@@ -115,7 +125,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(NormKind kind, cons
                               grad_bias.defined() ? grad_bias.mutable_data_ptr() : nullptr,
                               x_rows.size(0),
                               x_rows.size(1),
-                              eps};
+                              eps,
+                              1.0f / static_cast<float>(x_rows.size(1)),
+                              1.0 / static_cast<double>(x_rows.size(1))};
   run(problem);
   return {grad_x, grad_weight, grad_bias};
 }
