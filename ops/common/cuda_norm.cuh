@@ -13,6 +13,9 @@
 //   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
 //     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
 //     and rstd so weight_grad_kernel sums grad·n by columns.
+//   cluster path (one row of 2 to 8 blocks' packs, sm_90 and later): the row is split over a
+//     thread-block cluster of blocks of 4 warps on as many SMs, reduced through distributed shared
+//     memory; every backward and the RMSNorm forwards (the LayerNorm forward stays cached).
 // A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
 // element.
 #include <ATen/OpMathType.h>
