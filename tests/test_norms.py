@@ -113,7 +113,7 @@ def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
                                    (1200, 4096), (200, 8192)])
 def test_values(spec, device, dtype, shape):
     """The last two reach the CUDA forward's two- and four-pack blocks (1024+ rows: blocks of 256;
-    129-1023 rows: blocks of up to 512), which decode-sized shapes never use."""
+    129-1023 rows: blocks of up to 512), which decode-sized shapes use only with a residual."""
     inputs = spec.inputs(shape, dtype, device)
     assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
 

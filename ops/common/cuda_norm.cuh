@@ -45,7 +45,8 @@ constexpr int kNormMaxThreads = 512;
 // Decode (at most kNormFewRows rows, about one per SM): a row of up to kNormWideBlockThreads packs
 // gets one pack per thread in a block of that many threads, so that one SM's row work is spread
 // over 32 warps instead of 8. Measured on an H200: decode forward+backward 0.3-1.0 µs faster
-// (docs/benchmarks.md, Change 3).
+// (docs/benchmarks.md, Change 3). Forwards whose residual loads first keep blocks of 512
+// (cached_max_threads).
 constexpr int kNormWideBlockThreads = 1024;
 constexpr int64_t kNormFewRows = 128;
 constexpr int kNormMaxPacksPerThread = 4;
@@ -307,10 +308,12 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
   }
 }
 
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+// kLoadsBeforeStores here only at one pack per thread; more packs load first in
+// norm_forward_cached_loads_first_kernel below.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores = false>
 __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
     norm_forward_cached_kernel(NormForwardProblem p) {
-  norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false>(p);
+  norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, kLoadsBeforeStores>(p);
 }
 
 // Loads first with a residual, held to 64 registers (4 blocks of 256 per SM, as the plain four-pack
@@ -327,10 +330,13 @@ __global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_
 // adds (add_layer_norm 4096x16384 149-153 -> 138-140, 16384x8192 274-275 -> 268) and float16 with
 // four (add_layer_norm 4096x16384 150 -> 137, 16384x8192 273 -> 264-268), and float16 with two once
 // its adds were packed too (add_layer_norm 4096x4096 37.1-37.8 -> 35.8; with float adds it ran 2-3 µs
-// slower than the plain kernel). float32/float64: not measured.
-template <typename scalar_t, int kWidth, int kPacks>
+// slower than the plain kernel). One pack per thread (bf16 and float16, fused only, the plain
+// kernel issued the residual's load after x's arrived): add_layer_norm 16384x2048 70.4 -> 66.4 µs,
+// 512x4096 4.99 -> 4.73, add_rms_norm 16384x2048 67.5 -> 65.9, 64x4096 2.57 -> 2.37 (Change 12).
+// float32/float64: not measured.
+template <typename scalar_t, int kWidth>
 constexpr bool forward_loads_first_fits() {
-  return kWidth * sizeof(scalar_t) == 16 && kPacks >= 2 &&
+  return kWidth * sizeof(scalar_t) == 16 &&
          (std::is_same_v<scalar_t, c10::BFloat16> || std::is_same_v<scalar_t, c10::Half>);
 }
 
@@ -1028,9 +1034,12 @@ inline bool wide_block_rows(int64_t rows, int64_t packs) {
 }
 
 // Threads per block for cached forward rows: many rows stream best with blocks of 256; a few rows
-// (decode) get wider blocks so each row is read by more threads at once.
-inline int cached_max_threads(int64_t rows, int64_t packs) {
-  if (wide_block_rows(rows, packs)) return kNormWideBlockThreads;
+// (decode) get wider blocks so each row is read by more threads at once, except where the residual
+// loads first: blocks of 512 reduce over half the warps (H200 bf16, 16x8192: add_rms_norm 2.49 ->
+// 2.34 µs, add_layer_norm 3.04 -> 2.82; rms_norm 2.21 -> 2.18 and layer_norm 2.62 -> 2.68 without
+// a residual, which stay at 1024; docs/benchmarks.md Change 12).
+inline int cached_max_threads(int64_t rows, int64_t packs, bool residual_loads_first) {
+  if (wide_block_rows(rows, packs)) return residual_loads_first ? kNormMaxThreads : kNormWideBlockThreads;
   return rows >= 1024 ? 256 : kNormMaxThreads;
 }
 
@@ -1131,15 +1140,22 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
       if (launch_norm_forward_cluster<scalar_t, weight_t, kKind, kWidth>(p, stream)) {
         // decode rows over clusters of SMs
       } else if (packs <= kMaxCachedPacks) {
-        const CachedConfig config = cached_config(packs, cached_max_threads(p.rows, packs));
+        constexpr bool kLoadsFirstFits = forward_loads_first_fits<scalar_t, kWidth>();
+        const bool residual_loads_first = kLoadsFirstFits && p.residual != nullptr;
+        const CachedConfig config = cached_config(packs, cached_max_threads(p.rows, packs, residual_loads_first));
         with_packs_per_thread(config.packs_per_thread, [&](auto packs_constant) {
           constexpr int kPacks = decltype(packs_constant)::value;
           const dim3 grid = row_grid(p.rows);
-          if constexpr (forward_loads_first_fits<scalar_t, kWidth, kPacks>()) {
+          if constexpr (kLoadsFirstFits) {
             // With a residual, loads first: one memory latency per row instead of one per pack.
-            if (p.residual) {
-              norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
-                  <<<grid, config.threads, 0, stream>>>(p);
+            if (residual_loads_first) {
+              if constexpr (kPacks >= 2) {
+                norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
+                    <<<grid, config.threads, 0, stream>>>(p);
+              } else {
+                norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>
+                    <<<grid, config.threads, 0, stream>>>(p);
+              }
               return;
             }
           }
