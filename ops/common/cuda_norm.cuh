@@ -406,7 +406,9 @@ struct ClusterRowPacks {
 };
 #endif
 
-template <typename scalar_t, typename weight_t, int kWidth, int kPacks>
+// kWeightFirst (launched without a residual): weight loads before x, so its latency overlaps x's; one
+// row of 8192 0.12 us faster on an H200 bf16, and 0.06 us slower with a residual (Change 13).
+template <typename scalar_t, typename weight_t, int kWidth, int kPacks, bool kWeightFirst>
 __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster_kernel(NormForwardProblem p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
@@ -417,6 +419,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
   XPack h[kPacks];
   XPack residual[kPacks];
+  WPack early_weight[kWeightFirst ? kPacks : 1];
+  if constexpr (kWeightFirst) packs.load(early_weight, p.weight);
   // Every load before the first store (see kLoadsBeforeStores).
   packs.load(h, p.x);
   if (p.residual) packs.load(residual, p.residual);
@@ -445,7 +449,12 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
-    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, packs.pack(k));
+    WPack weight;
+    if constexpr (kWeightFirst) {
+      weight = early_weight[k];
+    } else {
+      weight = load_pack<weight_t, kWidth>(p.weight, 0, packs.pack(k));
+    }
     XPack out;
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
@@ -470,10 +479,16 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
   __shared__ acc_t mean_slots[kClusterWarps];
   __shared__ acc_t sum_slots[3 * kClusterWarps];
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  // Every input loads at once: weight and grad_residual after the reductions cost the one-row
+  // backwards 0.26-0.49 us (H200 bf16 x8192, docs/benchmarks.md Change 13).
   XPack x[kPacks];
   XPack grad[kPacks];
+  WPack weight[kPacks];
+  XPack grad_residual[kPacks];
   packs.load(x, p.x);
   packs.load(grad, p.grad);
+  packs.load(weight, p.weight);
+  if (p.grad_residual) packs.load(grad_residual, p.grad_residual);
   acc_t mean = 0;
   if constexpr (kKind == NormKind::Layer) {
     acc_t sum[1] = {0};
@@ -490,11 +505,10 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
-    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, packs.pack(k));
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
-                         static_cast<acc_t>(weight.values[j]), mean);
+                         static_cast<acc_t>(weight[k].values[j]), mean);
     }
   }
   cluster_sum(sums, sum_slots);
@@ -505,9 +519,6 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
     const int64_t pack = packs.pack(k);
-    const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
-    XPack grad_residual;
-    if (p.grad_residual) grad_residual = load_pack<scalar_t, kWidth>(p.grad_residual, 0, pack);
     XPack grad_x;
     weight_t weight_grad[kWidth];
     weight_t bias_grad[kWidth];
@@ -515,8 +526,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
     for (int j = 0; j < kWidth; ++j) {
       const acc_t g = static_cast<acc_t>(grad[k].values[j]);
       const acc_t n = statistics.normalized(static_cast<acc_t>(x[k].values[j]));
-      acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight.values[j]), n);
-      if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
+      acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight[k].values[j]), n);
+      if (p.grad_residual) value += static_cast<acc_t>(grad_residual[k].values[j]);
       grad_x.values[j] = static_cast<scalar_t>(value);
       weight_grad[j] = static_cast<weight_t>(g * n);
       bias_grad[j] = static_cast<weight_t>(g);
@@ -566,6 +577,10 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
                                 at::opmath_type<scalar_t>* bias_partials, at::opmath_type<scalar_t>* row_statistics) {
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kRowStatistics || (!kSharedSums && !kStaged), "row statistics replace the column sums");
+  // Decode rows (one per block) of up to two packs per thread load weight and grad_residual with x
+  // and grad, not after the reduction: H200 bf16 16x8192 backward kernels 0.02-0.24 us faster
+  // (docs/benchmarks.md Change 13; four packs not measured).
+  constexpr bool kEarlyLoads = kRowStatistics && kPacks <= 2;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
   constexpr int kChunk = std::min<int>(kWidth, 16 / sizeof(acc_t));
@@ -630,6 +645,8 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   for (int64_t row = blockIdx.x; row < p.rows; row += gridDim.x) {
     XPack x[kPacks];
     XPack grad[kPacks];
+    WPack early_weight[kEarlyLoads ? kPacks : 1];
+    XPack early_grad_residual[kEarlyLoads ? kPacks : 1];
     if constexpr (kStaged) wait_async_copies<1>();  // this row's x and grad
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
@@ -642,6 +659,13 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
         x[k] = load_pack<scalar_t, kWidth>(p.x, row * p.x_row_stride, pack);
         grad[k] = load_pack<scalar_t, kWidth>(p.grad, row * p.grad_row_stride, pack);
       }
+      if constexpr (kEarlyLoads) {
+        early_weight[k] = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+        if (p.grad_residual) {
+          early_grad_residual[k] =
+              load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+        }
+      }
     }
     const acc_t mean = cached_row_mean<kKind>(x, packs_per_row, inverse_columns, shared);
     // Σ (h - mean)², Σ gw·(h - mean), Σ gw in one reduction.
@@ -650,7 +674,12 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
       if (pack >= packs_per_row) continue;
-      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      WPack weight;
+      if constexpr (kEarlyLoads) {
+        weight = early_weight[k];
+      } else {
+        weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      }
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
@@ -671,11 +700,17 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
       if (pack >= packs_per_row) continue;
-      const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+      WPack weight;
       XPack grad_residual;
-      if (p.grad_residual) {
-        grad_residual = kStaged ? *slot(2, k)
-                              : load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+      if constexpr (kEarlyLoads) {
+        weight = early_weight[k];
+        grad_residual = early_grad_residual[k];
+      } else {
+        weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
+        if (p.grad_residual) {
+          grad_residual = kStaged ? *slot(2, k)
+                                : load_pack<scalar_t, kWidth>(p.grad_residual, row * p.grad_residual_row_stride, pack);
+        }
       }
       Chunk weight_chunks[kChunksPerPack];
       Chunk bias_chunks[kChunksPerPack];
@@ -1111,9 +1146,16 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
   } else {
     const ClusterConfig config = cluster_config(p.rows, p.columns / kWidth);
     if (config.blocks == 0) return false;
-    return config.packs_per_thread == 1
-               ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1>, config.blocks, stream, p)
-               : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2>, config.blocks, stream, p);
+    auto launch = [&](auto weight_first_constant) {
+      constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
+      return config.packs_per_thread == 1
+                 ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1, kWeightFirst>,
+                                  config.blocks, stream, p)
+                 : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2, kWeightFirst>,
+                                  config.blocks, stream, p);
+    };
+    // The weight loads first only without a residual (see rms_norm_forward_cluster_kernel).
+    return p.residual == nullptr ? launch(std::true_type{}) : launch(std::false_type{});
   }
 }
 
