@@ -275,13 +275,14 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
 
 
 @pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384),
-                                   (1, 12296), (1, 3000), (1, 2048), (3, 1032)])
+                                   (1, 12296), (1, 3000), (1, 2048), (3, 1032), (8, 8192), (4, 16384)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
-    last blocks part empty at 3000 and 12296; elsewhere the wide decode blocks; from 2 rows the
+    last blocks part empty at 3000 and 12296; the RMSNorm forward of up to 16 rows of 8192 and
+    16384 as one cluster per row; elsewhere the wide decode blocks; from 2 rows the
     weight gradients summed by columns from each row's mean and rstd), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
@@ -300,6 +301,25 @@ def test_one_row_runs_on_a_cluster(spec, device):
     kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
     assert any("norm_backward_cluster_kernel" in name for name in kernels), kernels
     assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == (not spec.layer), kernels
+
+
+@pytest.mark.parametrize("shape", [(8, 8192), (16, 8192), (16, 16384), (17, 8192), (4, 4096)])
+def test_rms_forward_rows_on_clusters(spec, device, shape):
+    """From Hopper, the RMSNorm forward of a few rows of eight cluster blocks runs one cluster per
+    row: up to 16 rows, with a residual up to 8 at one pack per thread (16 x 8192 measured slower
+    there); rows of four blocks (4096) and 17 rows or more stay in one block per row."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: CUDA from Hopper")
+    if spec.layer:
+        pytest.skip("the LayerNorm forward stays in one block")
+    inputs = spec.inputs(shape, torch.bfloat16, device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        spec.fused(*inputs)
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    rows, hidden = shape
+    expected = hidden >= 8192 and rows <= (8 if spec.residual and hidden == 8192 else 16)
+    assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == expected, kernels
 
 
 @pytest.mark.parametrize("rows_kind", ["mean_far_from_zero", "one_massive_channel"])

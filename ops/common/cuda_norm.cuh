@@ -15,7 +15,8 @@
 //     and rstd so weight_grad_kernel sums grad·n by columns.
 //   cluster path (one row of 2 to 8 blocks' packs, sm_90 and later): the row is split over a
 //     thread-block cluster of blocks of 4 warps on as many SMs, reduced through distributed shared
-//     memory; every backward and the RMSNorm forwards (the LayerNorm forward stays cached).
+//     memory; every backward and the RMSNorm forwards (the LayerNorm forward stays cached). The
+//     RMSNorm forward also takes up to 16 rows of eight blocks, one cluster per row.
 // A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
 // element.
 #include <ATen/OpMathType.h>
@@ -397,10 +398,11 @@ struct ClusterRowPacks {
   __device__ __forceinline__ int64_t pack(int k) const { return first_pack + int64_t(k) * kClusterBlockThreads; }
   __device__ __forceinline__ bool in_row(int k) const { return pack(k) < packs_per_row; }
   template <typename T, int kWidth, int kPacks>
-  __device__ __forceinline__ void load(Pack<T, kWidth> (&values)[kPacks], const void* base) const {
+  __device__ __forceinline__ void load(Pack<T, kWidth> (&values)[kPacks], const void* base,
+                                       int64_t row_offset = 0) const {
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if (in_row(k)) values[k] = load_pack<T, kWidth>(base, 0, pack(k));
+      if (in_row(k)) values[k] = load_pack<T, kWidth>(base, row_offset, pack(k));
     }
   }
 };
@@ -417,19 +419,20 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
   using WPack = Pack<weight_t, kWidth>;
   __shared__ acc_t square_slots[kClusterWarps];
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  const int64_t row = blockIdx.x / cg::this_cluster().num_blocks();  // one cluster per row
   XPack h[kPacks];
   XPack residual[kPacks];
   WPack early_weight[kWeightFirst ? kPacks : 1];
   if constexpr (kWeightFirst) packs.load(early_weight, p.weight);
   // Every load before the first store (see kLoadsBeforeStores).
-  packs.load(h, p.x);
-  if (p.residual) packs.load(residual, p.residual);
+  packs.load(h, p.x, row * p.x_row_stride);
+  if (p.residual) packs.load(residual, p.residual, row * p.residual_row_stride);
   if (p.residual) {
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       if (!packs.in_row(k)) continue;
       add_residual_pack<true>(h[k], residual[k]);
-      store_pack<scalar_t, kWidth>(p.residual_out, 0, packs.pack(k), h[k]);
+      store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, packs.pack(k), h[k]);
     }
   }
   acc_t squares[1] = {0};
@@ -461,7 +464,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
       out.values[j] =
           static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) * rstd * static_cast<acc_t>(weight.values[j]));
     }
-    store_pack<scalar_t, kWidth>(p.out, 0, packs.pack(k), out);
+    store_pack<scalar_t, kWidth>(p.out, row * p.columns, packs.pack(k), out);
   }
   cg::this_cluster().barrier_wait();
 #endif
@@ -1093,14 +1096,27 @@ struct ClusterConfig {
   int packs_per_thread;
 };
 
-// Several rows, a row one block covers, one longer than eight blocks of two packs per thread and GPUs
-// without clusters take the cached path.
-inline ClusterConfig cluster_config(int64_t rows, int64_t packs) {
+// One row (clusters_of_rows: up to that many, one cluster each); a row one block covers, one longer
+// than eight blocks of two packs per thread and GPUs without clusters take the cached path.
+inline ClusterConfig cluster_config(int64_t rows, int64_t packs, int64_t clusters_of_rows = 1) {
   const int packs_per_thread = packs <= int64_t(kMaxClusterBlocks) * kClusterBlockThreads ? 1 : 2;
   const int64_t packs_per_block = int64_t(kClusterBlockThreads) * packs_per_thread;
   const int64_t blocks = (packs + packs_per_block - 1) / packs_per_block;
-  if (rows != 1 || blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
+  if (rows < 1 || rows > clusters_of_rows || blocks < 2 || blocks > kMaxClusterBlocks ||
+      compute_capability_major() < 9) {
+    return {0, 0};
+  }
   return {blocks, packs_per_thread};
+}
+
+// Rows of the RMSNorm forward that run one cluster each. Several rows only for rows of eight blocks,
+// at most one wave (16 x 8 blocks on 132 SMs), and with a residual at one pack per thread only eight:
+// H200 bf16 kernel times, rms_norm 2-16 x 8192 2.12-2.21 -> 1.94-2.10 us, 4-16 x 16384 3.00 -> 2.09-2.26;
+// add_rms_norm 2-8 x 8192 2.26-2.34 -> 2.12-2.16, 4-16 x 16384 3.48-3.53 -> 2.41-2.66. Lost: x 4096
+// (four blocks; 1.77 -> 1.90), 32 and 64 rows, add_rms_norm 16 x 8192 (2.34 -> 2.42) (Change 13).
+inline int64_t rms_forward_cluster_rows(const ClusterConfig& single_row, bool residual) {
+  if (single_row.blocks != kMaxClusterBlocks) return 1;
+  return residual && single_row.packs_per_thread == 1 ? 8 : 16;
 }
 
 // Whether `kernel` has a body on this device: compiled for sm_90 or later (a build for older GPUs,
@@ -1118,10 +1134,11 @@ bool compiled_for_clusters(Kernel kernel) {
   return cache.emplace(key, attributes.ptxVersion >= 90).first->second;
 }
 
-// Launches `kernel` on one cluster of `blocks` blocks; false, launching nothing, where it has no body
+// Launches `kernel` on `clusters` clusters of `blocks` blocks; false, launching nothing, where it has no body
 // on this device.
 template <typename Problem>
-bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream, const Problem& p) {
+bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream, const Problem& p,
+                    int64_t clusters = 1) {
   if (!compiled_for_clusters(kernel)) return false;
   cudaLaunchAttribute cluster_shape;
   cluster_shape.id = cudaLaunchAttributeClusterDimension;
@@ -1129,7 +1146,7 @@ bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream
   cluster_shape.val.clusterDim.y = 1;
   cluster_shape.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned int>(blocks));
+  config.gridDim = dim3(static_cast<unsigned int>(blocks * clusters));
   config.blockDim = dim3(kClusterBlockThreads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
@@ -1144,15 +1161,17 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
   if constexpr (kKind != NormKind::RMS) {
     return false;  // LayerNorm forwards stay in one block (see the cluster path)
   } else {
-    const ClusterConfig config = cluster_config(p.rows, p.columns / kWidth);
+    const int64_t packs = p.columns / kWidth;
+    const int64_t clusters_of_rows = rms_forward_cluster_rows(cluster_config(1, packs), p.residual != nullptr);
+    const ClusterConfig config = cluster_config(p.rows, packs, clusters_of_rows);
     if (config.blocks == 0) return false;
     auto launch = [&](auto weight_first_constant) {
       constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
       return config.packs_per_thread == 1
                  ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1, kWeightFirst>,
-                                  config.blocks, stream, p)
+                                  config.blocks, stream, p, p.rows)
                  : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2, kWeightFirst>,
-                                  config.blocks, stream, p);
+                                  config.blocks, stream, p, p.rows);
     };
     // The weight loads first only without a residual (see rms_norm_forward_cluster_kernel).
     return p.residual == nullptr ? launch(std::true_type{}) : launch(std::false_type{});
