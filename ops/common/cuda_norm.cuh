@@ -386,7 +386,7 @@ __device__ __forceinline__ void cluster_sum(acc_t (&values)[kCount], acc_t* slot
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// This thread's packs of the one row: thread t of the cluster's block r holds packs
+// This thread's packs of its block's row: thread t of the cluster's block r holds packs
 // r * kClusterBlockThreads * packs_per_thread + t + k * kClusterBlockThreads.
 struct ClusterRowPacks {
   int64_t first_pack;
@@ -1096,16 +1096,14 @@ struct ClusterConfig {
   int packs_per_thread;
 };
 
-// One row (clusters_of_rows: up to that many, one cluster each); a row one block covers, one longer
-// than eight blocks of two packs per thread and GPUs without clusters take the cached path.
-inline ClusterConfig cluster_config(int64_t rows, int64_t packs, int64_t clusters_of_rows = 1) {
+// The split of one row. Several rows (except the RMSNorm forwards of rms_forward_cluster_rows), a row
+// one block covers, one longer than eight blocks of two packs per thread and GPUs without clusters
+// take the cached path.
+inline ClusterConfig cluster_config(int64_t rows, int64_t packs) {
   const int packs_per_thread = packs <= int64_t(kMaxClusterBlocks) * kClusterBlockThreads ? 1 : 2;
   const int64_t packs_per_block = int64_t(kClusterBlockThreads) * packs_per_thread;
   const int64_t blocks = (packs + packs_per_block - 1) / packs_per_block;
-  if (rows < 1 || rows > clusters_of_rows || blocks < 2 || blocks > kMaxClusterBlocks ||
-      compute_capability_major() < 9) {
-    return {0, 0};
-  }
+  if (rows != 1 || blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
   return {blocks, packs_per_thread};
 }
 
@@ -1161,10 +1159,8 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
   if constexpr (kKind != NormKind::RMS) {
     return false;  // LayerNorm forwards stay in one block (see the cluster path)
   } else {
-    const int64_t packs = p.columns / kWidth;
-    const int64_t clusters_of_rows = rms_forward_cluster_rows(cluster_config(1, packs), p.residual != nullptr);
-    const ClusterConfig config = cluster_config(p.rows, packs, clusters_of_rows);
-    if (config.blocks == 0) return false;
+    const ClusterConfig config = cluster_config(1, p.columns / kWidth);  // one row's split
+    if (config.blocks == 0 || p.rows > rms_forward_cluster_rows(config, p.residual != nullptr)) return false;
     auto launch = [&](auto weight_first_constant) {
       constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
       return config.packs_per_thread == 1
