@@ -1132,8 +1132,8 @@ bool compiled_for_clusters(Kernel kernel) {
   return cache.emplace(key, attributes.ptxVersion >= 90).first->second;
 }
 
-// Launches `kernel` on `clusters` clusters of `blocks` blocks; false, launching nothing, where it has no body
-// on this device.
+// Launches `kernel` on `clusters` clusters of `blocks` blocks; false, launching nothing, where it has
+// no body on this device.
 template <typename Problem>
 bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream, const Problem& p,
                     int64_t clusters = 1) {
