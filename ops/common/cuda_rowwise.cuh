@@ -199,10 +199,12 @@ bool rows_are_vectorizable(const RowwiseProblem<kInputs, kOutputs>& problem, int
   return true;
 }
 
-// Runs Op<opmath_t>{params...} over the problem on the current stream of `device`.
+// Runs Op<opmath_t>{params...} over the problem on the current stream of `device`. With many rows, each
+// thread takes `row_groups_per_thread` groups of kMaxRowsPerThread rows in turn, so its setup (row and
+// column indices, operand addresses) is paid once for them: for issue-bound ops (the erf GELU). At least 1.
 template <template <typename> class Op, int kInputs, int kOutputs, typename... Params>
-void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype,
-                  c10::Device device, Params... params) {
+void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype,
+                                c10::Device device, int64_t row_groups_per_thread, Params... params) {
   if (problem.rows == 0 || problem.columns == 0) return;
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -213,7 +215,8 @@ void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarTy
       const unsigned int column_blocks = grid_size(problem.columns / Vec16<scalar_t>::kSize);
       const int64_t row_groups = (problem.rows + kMaxRowsPerThread - 1) / kMaxRowsPerThread;
       if (row_groups * column_blocks >= 4 * int64_t(sm_count())) {
-        const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(row_groups, kMaxGridRows)));
+        const int64_t grid_rows = (row_groups + row_groups_per_thread - 1) / row_groups_per_thread;
+        const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(grid_rows, kMaxGridRows)));
         rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void>
             <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
       } else {
@@ -228,6 +231,13 @@ void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarTy
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
+}
+
+// One row group per thread: measured best for the memory-bound ops (tanh GELU, the gated ops).
+template <template <typename> class Op, int kInputs, int kOutputs, typename... Params>
+void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype, c10::Device device,
+                  Params... params) {
+  rowwise_cuda_in_row_groups<Op>(problem, dtype, device, 1, params...);
 }
 
 // rowwise_cuda, and column_sums[column] = Σ_row output 0 [row, column] (column_sums: [columns] of
