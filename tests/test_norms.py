@@ -1,5 +1,6 @@
 """rms_norm, add_rms_norm, layer_norm and add_layer_norm on every dtype and device: values, mixed
 precision, layouts, long rows, gradients, determinism, modules, modes and bad input."""
+import re
 import warnings
 from dataclasses import dataclass
 
@@ -272,6 +273,26 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     if device != "cuda":
         pytest.skip("the staged CUDA backward")
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
+
+
+def test_many_long_rows_run_the_staged_backward(spec, device):
+    """The RMSNorms' backward of 600 bf16 rows of 8192 runs the staged kernel, with a grad_residual too:
+    its 48 KiB of slots beside the kernel's static arrays once failed the shared-memory opt-in, and the
+    plain kernel ran instead, correct and 9% slower. (Whether the LayerNorms' column sums in shared
+    memory leave room for the slots at full occupancy depends on the GPU.)"""
+    if device != "cuda":
+        pytest.skip("the staged CUDA backward")
+    if spec.layer:
+        pytest.skip("LayerNorm staging depends on the GPU's shared memory")
+    inputs = [t.requires_grad_(True) for t in spec.inputs((600, 8192), torch.bfloat16, device)]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        outputs = spec.fused(*inputs)
+        torch.autograd.backward(outputs, [torch.randn_like(out) for out in outputs])
+        torch.cuda.synchronize()
+    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    # Template arguments: ..., kWidth, kPacks, kSharedSums, kStaged, kRowStatistics.
+    staged = re.compile(r"norm_backward_cached_kernel<.*, (true|false), true, false>")
+    assert any(staged.search(name) for name in kernels), kernels
 
 
 @pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384),
