@@ -200,8 +200,8 @@ bool rows_are_vectorizable(const RowwiseProblem<kInputs, kOutputs>& problem, int
 }
 
 // Runs Op<opmath_t>{params...} over the problem on the current stream of `device`. With many rows, each
-// thread takes `row_groups_per_thread` groups of kMaxRowsPerThread rows in turn, so its setup (row and
-// column indices, operand addresses) is paid once for them: for issue-bound ops (the erf GELU). At least 1.
+// thread takes `row_groups_per_thread` (at least 1) groups of kMaxRowsPerThread rows in turn, so its setup
+// (row and column indices, operand addresses) is paid once for them: for issue-bound ops (the erf GELU).
 template <template <typename> class Op, int kInputs, int kOutputs, typename... Params>
 void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype,
                                 c10::Device device, int64_t row_groups_per_thread, Params... params) {
