@@ -284,6 +284,9 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
         pytest.skip("the staged CUDA backward")
     if spec.layer:
         pytest.skip("LayerNorm staging depends on the GPU's shared memory")
+    shared_per_sm = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", None)
+    if shared_per_sm is not None and shared_per_sm < 2 * 52 * 1024:
+        pytest.skip("two staged blocks per SM need about 100 KiB of shared memory (H100/H200: 228 KiB)")
     inputs = [t.requires_grad_(True) for t in spec.inputs((600, 8192), torch.bfloat16, device)]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
         outputs = spec.fused(*inputs)
