@@ -275,6 +275,14 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
+def cuda_kernels_run_by(step):
+    """Names of the CUDA kernels that step() launches (profiler), to check which path a shape takes."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        step()
+        torch.cuda.synchronize()
+    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def test_many_long_rows_run_the_staged_backward(spec, device):
     """The RMSNorms' backward of 600 bf16 rows of 8192 runs the staged kernel, with a grad_residual too:
     its 48 KiB of slots beside the kernel's static arrays once failed the shared-memory opt-in, and the
@@ -288,11 +296,12 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
     if shared_per_sm is not None and shared_per_sm < 2 * 52 * 1024:
         pytest.skip("two staged blocks per SM need about 100 KiB of shared memory (H100/H200: 228 KiB)")
     inputs = [t.requires_grad_(True) for t in spec.inputs((600, 8192), torch.bfloat16, device)]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+
+    def step():
         outputs = spec.fused(*inputs)
         torch.autograd.backward(outputs, [torch.randn_like(out) for out in outputs])
-        torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+    kernels = cuda_kernels_run_by(step)
     # Template arguments: ..., kWidth, kPacks, kSharedSums, kStaged, kRowStatistics.
     staged = re.compile(r"norm_backward_cached_kernel<.*, (true|false), true, false>")
     assert any(staged.search(name) for name in kernels), kernels
@@ -318,11 +327,12 @@ def test_one_row_runs_on_a_cluster(spec, device):
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     inputs = [t.requires_grad_(True) for t in spec.inputs((1, 8192), torch.bfloat16, device)]
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+
+    def step():
         outputs = spec.fused(*inputs)
         torch.autograd.backward(outputs[0], torch.randn_like(outputs[0]))
-        torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+    kernels = cuda_kernels_run_by(step)
     assert any("norm_backward_cluster_kernel" in name for name in kernels), kernels
     assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == (not spec.layer), kernels
 
@@ -337,10 +347,7 @@ def test_rms_forward_rows_on_clusters(spec, device, shape):
     if spec.layer:
         pytest.skip("the LayerNorm forward stays in one block")
     inputs = spec.inputs(shape, torch.bfloat16, device)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        spec.fused(*inputs)
-        torch.cuda.synchronize()
-    kernels = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = cuda_kernels_run_by(lambda: spec.fused(*inputs))
     rows, hidden = shape
     expected = hidden >= 8192 and rows <= (8 if spec.residual and hidden == 8192 else 16)
     assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == expected, kernels
