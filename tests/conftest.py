@@ -1,3 +1,4 @@
+import functools
 import os
 
 import pytest
@@ -80,3 +81,23 @@ def assert_bad_input_rejected(cases, case):
     with pytest.raises(RuntimeError) as error:
         call()
     assert message in str(error.value)
+
+
+def cuda_kernels_run_by(step):
+    """Names of the CUDA kernels that step() launches (profiler), to check which path a shape takes.
+    Skips the test where the profiler records no kernels at all: under compute-sanitizer CUPTI cannot
+    subscribe (CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED), and every list would come back empty."""
+    if not profiler_records_cuda_kernels():
+        pytest.skip("the profiler records no CUDA kernels here (compute-sanitizer holds CUPTI)")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        step()
+        torch.cuda.synchronize()
+    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@functools.lru_cache(maxsize=None)
+def profiler_records_cuda_kernels():
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        torch.ones(1, device="cuda").add_(1)
+        torch.cuda.synchronize()
+    return any(event.device_type == torch.autograd.DeviceType.CUDA for event in profile.events())

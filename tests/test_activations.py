@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.library import opcheck
 
 import fused_ops
-from conftest import assert_bad_input_rejected, assert_close_to_reference, assert_same_gradients
+from conftest import assert_bad_input_rejected, assert_close_to_reference, assert_same_gradients, cuda_kernels_run_by
 from op_specs import gated
 
 
@@ -132,14 +132,59 @@ def test_nan_and_inf_follow_eager(spec, device):
 @pytest.mark.parametrize("shape", [(33, 17), (2, 64), (2, 3, 64), (40, 520), (129,), (1025, 40)])
 def test_gradients(spec, device, dtype, shape):
     inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
-    grad_out = random(shape, dtype, device)
+    assert_gradients_match_reference(spec, inputs, random(shape, dtype, device))
+
+
+def assert_gradients_match_reference(spec, inputs, grad_out):
     grads = torch.autograd.grad(spec.fused(*inputs), inputs, grad_out)
     inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
     expected = torch.autograd.grad(spec.reference(*inputs64), inputs64, grad_out.double())
     for grad, want, tensor in zip(grads, expected, inputs):
-        assert grad.shape == tensor.shape and grad.dtype == dtype
+        assert grad.shape == tensor.shape and grad.dtype == tensor.dtype
         # the bias gradient is a sum over rows, rounded once to the input dtype
-        assert_close_to_reference(grad, want, dtype, SCALE * (4 if grad.dim() == 1 and not spec.gated else 1))
+        assert_close_to_reference(grad, want, tensor.dtype,
+                                  SCALE * (4 if grad.dim() == 1 and not spec.gated else 1))
+
+
+# On CUDA, decode-sized grids give each thread 1, 2, 4 or 8 elements (an H200: up to 8448, 16896 and
+# 33792 elements, then 8) with no loops; here a block at the end of each row is part empty.
+@pytest.mark.parametrize("shape", [(1, 8200), (2, 4104), (2, 8200), (4, 8200), (8, 8200), (3, 5, 1032)])
+def test_values_and_gradients_on_decode_rows(spec, device, dtype, shape):
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device)]
+    assert_close_to_reference(spec.fused(*inputs), reference64(spec, inputs), dtype, SCALE)
+    assert_gradients_match_reference(spec, inputs, random(shape, dtype, device))
+
+
+def test_decode_rows_run_the_decode_kernel(spec, device):
+    """Forward and backward of two rows of 8192 run the loop-free decode kernel and nothing else."""
+    if device != "cuda":
+        pytest.skip("CUDA kernels")
+    inputs = [t.requires_grad_(True) for t in spec.inputs((2, 8192), torch.bfloat16, device)]
+    grad_out = random((2, 8192), torch.bfloat16, device)
+    kernels = cuda_kernels_run_by(lambda: torch.autograd.grad(spec.fused(*inputs), inputs, grad_out))
+    assert len(kernels) == 2 and all("rowwise_decode_kernel" in name for name in kernels), kernels
+
+
+def test_decode_rows_over_2_to_the_31_elements_apart(spec, device):
+    """Two rows 2^31 elements apart overflow the decode kernel's 32-bit offsets: the looping kernel
+    with 64-bit offsets takes them, and the values and gradients stay right."""
+    if device != "cuda":
+        pytest.skip("CUDA kernels")
+    row_stride = 2**31
+    width = 2 * 1024 if spec.gated else 1024
+    if torch.cuda.mem_get_info(device)[0] < 3 * row_stride * 2:
+        pytest.skip("needs about 12 GiB of free GPU memory")
+    storage = torch.empty(row_stride + width, dtype=torch.bfloat16, device=device)
+    x = storage.as_strided((2, width), (row_stride, 1))
+    x.copy_(random((2, width), torch.bfloat16, device))
+    inputs = [x] if spec.gated else [x, random((width,), torch.bfloat16, device)]
+    inputs = [t.requires_grad_(True) for t in inputs]
+    out = spec.fused(*inputs)
+    assert_close_to_reference(out, reference64(spec, inputs), torch.bfloat16, SCALE)
+    grad_out = random(out.shape, torch.bfloat16, device)
+    assert_gradients_match_reference(spec, inputs, grad_out)
+    kernels = cuda_kernels_run_by(lambda: torch.autograd.grad(spec.fused(*inputs), inputs, grad_out))
+    assert len(kernels) == 2 and all("rowwise_vectorized_kernel" in name for name in kernels), kernels
 
 
 def test_gradcheck_and_gradgradcheck(spec, device):

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.library import opcheck
 
 import fused_ops
-from conftest import assert_bad_input_rejected, assert_close_to_reference, assert_same_gradients
+from conftest import assert_bad_input_rejected, assert_close_to_reference, assert_same_gradients, cuda_kernels_run_by
 from op_specs import as_outputs, layer_norm_reference, rms_norm_reference
 
 
@@ -273,14 +273,6 @@ def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dt
     if device != "cuda":
         pytest.skip("the staged CUDA backward")
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
-
-
-def cuda_kernels_run_by(step):
-    """Names of the CUDA kernels that step() launches (profiler), to check which path a shape takes."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        step()
-        torch.cuda.synchronize()
-    return [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def test_many_long_rows_run_the_staged_backward(spec, device):

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -25,20 +26,36 @@ namespace cuda {
 constexpr int kThreadsPerBlock = 256;
 constexpr int kMaxStridedDims = 8;
 
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / sizeof(T);
+// kBytes of T in one load or store: 16 (one LDG.128) streams best; decode grids take fewer bytes per
+// thread so that a small tensor spreads over more threads (cuda_rowwise.cuh).
+template <typename T, int kBytes>
+struct alignas(kBytes) Vec {
+  static_assert(kBytes >= int(sizeof(T)) && kBytes % int(sizeof(T)) == 0, "a vector holds whole elements");
+  static constexpr int kSize = kBytes / sizeof(T);
   T values[kSize];
 };
 
 template <typename T>
+using Vec16 = Vec<T, 16>;
+
+template <int kBytes = 16, typename T>
+__device__ __forceinline__ Vec<T, kBytes> load_vec(const T* base, int64_t vector_index) {
+  return reinterpret_cast<const Vec<T, kBytes>*>(base)[vector_index];
+}
+
+template <int kBytes, typename T>
+__device__ __forceinline__ void store_vec(T* base, int64_t vector_index, const Vec<T, kBytes>& value) {
+  reinterpret_cast<Vec<T, kBytes>*>(base)[vector_index] = value;
+}
+
+template <typename T>
 __device__ __forceinline__ Vec16<T> load_vec16(const T* base, int64_t vector_index) {
-  return reinterpret_cast<const Vec16<T>*>(base)[vector_index];
+  return load_vec<16>(base, vector_index);
 }
 
 template <typename T>
 __device__ __forceinline__ void store_vec16(T* base, int64_t vector_index, const Vec16<T>& value) {
-  reinterpret_cast<Vec16<T>*>(base)[vector_index] = value;
+  store_vec<16>(base, vector_index, value);
 }
 
 // Stores kCount consecutive values at `destination` (16-byte aligned when they fill whole 16-byte
@@ -65,59 +82,72 @@ __device__ __forceinline__ void store_consecutive(T* destination, const T (&valu
 // A vector's elements in opmath, and back. 16-bit floats go two at a time: bf16 -> float is one
 // shift or mask per element on the 32-bit word (c10's per-element path extracts each half first),
 // and float -> bf16/half one cvt per pair (cvt.rn.{bf16x2,f16x2}.f32), both round-to-nearest-even.
+template <typename T, int kBytes, typename opmath_t>
+__device__ __forceinline__ void unpack_vec(const Vec<T, kBytes>& vector, opmath_t (&values)[Vec<T, kBytes>::kSize]) {
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<opmath_t, float> && kBytes >= 4) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&vector);
+#pragma unroll
+    for (int k = 0; k < kBytes / 4; ++k) {
+      values[2 * k] = __uint_as_float(words[k] << 16);
+      values[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    }
+  } else if constexpr (std::is_same_v<T, c10::Half> && std::is_same_v<opmath_t, float> && kBytes >= 4) {
+    const __half2* pairs = reinterpret_cast<const __half2*>(&vector);
+#pragma unroll
+    for (int k = 0; k < kBytes / 4; ++k) {
+      const float2 pair = __half22float2(pairs[k]);
+      values[2 * k] = pair.x;
+      values[2 * k + 1] = pair.y;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < Vec<T, kBytes>::kSize; ++j) values[j] = static_cast<opmath_t>(vector.values[j]);
+  }
+}
+
+template <typename T, int kBytes, typename opmath_t>
+__device__ __forceinline__ Vec<T, kBytes> pack_vec(const opmath_t (&values)[Vec<T, kBytes>::kSize]) {
+  Vec<T, kBytes> vector;
+  if constexpr (std::is_same_v<T, c10::BFloat16> && std::is_same_v<opmath_t, float> && kBytes >= 4) {
+    __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&vector);
+#pragma unroll
+    for (int k = 0; k < kBytes / 4; ++k) pairs[k] = __floats2bfloat162_rn(values[2 * k], values[2 * k + 1]);
+  } else if constexpr (std::is_same_v<T, c10::Half> && std::is_same_v<opmath_t, float> && kBytes >= 4) {
+    __half2* pairs = reinterpret_cast<__half2*>(&vector);
+#pragma unroll
+    for (int k = 0; k < kBytes / 4; ++k) pairs[k] = __floats2half2_rn(values[2 * k], values[2 * k + 1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < Vec<T, kBytes>::kSize; ++j) vector.values[j] = static_cast<T>(values[j]);
+  }
+  return vector;
+}
+
 template <typename T, typename opmath_t>
 __device__ __forceinline__ void unpack_vec16(const Vec16<T>& vector, opmath_t (&values)[Vec16<T>::kSize]) {
-#pragma unroll
-  for (int j = 0; j < Vec16<T>::kSize; ++j) values[j] = static_cast<opmath_t>(vector.values[j]);
+  unpack_vec(vector, values);
 }
 
 template <typename T, typename opmath_t>
 __device__ __forceinline__ Vec16<T> pack_vec16(const opmath_t (&values)[Vec16<T>::kSize]) {
-  Vec16<T> vector;
-#pragma unroll
-  for (int j = 0; j < Vec16<T>::kSize; ++j) vector.values[j] = static_cast<T>(values[j]);
-  return vector;
+  return pack_vec<T, 16>(values);
 }
 
-template <>
-__device__ __forceinline__ void unpack_vec16<c10::BFloat16, float>(const Vec16<c10::BFloat16>& vector,
-                                                                   float (&values)[8]) {
-  const uint4 words = reinterpret_cast<const uint4&>(vector);
-  const uint32_t word[4] = {words.x, words.y, words.z, words.w};
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    values[2 * k] = __uint_as_float(word[k] << 16);
-    values[2 * k + 1] = __uint_as_float(word[k] & 0xffff0000u);
+// Calls function(std::integral_constant<int, bytes>) with the bytes of a vector of `elements`
+// scalar_t (a power of two), at most 16.
+template <typename scalar_t, typename Function>
+void with_vector_bytes(int elements, const Function& function) {
+  const int64_t bytes = std::max<int64_t>(sizeof(scalar_t), std::min<int64_t>(16, elements * int64_t(sizeof(scalar_t))));
+  if constexpr (sizeof(scalar_t) <= 2) {
+    if (bytes <= 2) return function(std::integral_constant<int, 2>{});
   }
-}
-
-template <>
-__device__ __forceinline__ void unpack_vec16<c10::Half, float>(const Vec16<c10::Half>& vector, float (&values)[8]) {
-  const __half2* pairs = reinterpret_cast<const __half2*>(&vector);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 pair = __half22float2(pairs[k]);
-    values[2 * k] = pair.x;
-    values[2 * k + 1] = pair.y;
+  if constexpr (sizeof(scalar_t) <= 4) {
+    if (bytes <= 4) return function(std::integral_constant<int, 4>{});
   }
-}
-
-template <>
-__device__ __forceinline__ Vec16<c10::BFloat16> pack_vec16<c10::BFloat16, float>(const float (&values)[8]) {
-  Vec16<c10::BFloat16> vector;
-  __nv_bfloat162* pairs = reinterpret_cast<__nv_bfloat162*>(&vector);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) pairs[k] = __floats2bfloat162_rn(values[2 * k], values[2 * k + 1]);
-  return vector;
-}
-
-template <>
-__device__ __forceinline__ Vec16<c10::Half> pack_vec16<c10::Half, float>(const float (&values)[8]) {
-  Vec16<c10::Half> vector;
-  __half2* pairs = reinterpret_cast<__half2*>(&vector);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) pairs[k] = __floats2half2_rn(values[2 * k], values[2 * k + 1]);
-  return vector;
+  if constexpr (sizeof(scalar_t) <= 8) {
+    if (bytes <= 8) return function(std::integral_constant<int, 8>{});
+  }
+  function(std::integral_constant<int, 16>{});
 }
 
 inline bool is_aligned16(const void* pointer) {

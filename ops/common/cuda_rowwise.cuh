@@ -1,8 +1,9 @@
 #pragma once
 // Rowwise CUDA loop (see rowwise.h). Grid: x covers the columns of one row (one thread per
-// 16-byte vector, one block per 256 vectors as measured fastest in docs/benchmarks.md, 64 for
-// small grids), y walks the rows, up to kMaxRowsPerThread at a time. Fast path: every operand has
-// contiguous, 16-byte-aligned rows; otherwise one element per thread with any strides.
+// 16-byte vector, one block per 256 vectors as measured fastest in docs/benchmarks.md), y walks the
+// rows, up to kMaxRowsPerThread at a time. Small grids (decode) give each thread 1-8 elements of one
+// row, no loops (launch_small_grid). Fast path: every operand has contiguous, 16-byte-aligned rows;
+// otherwise one element per thread with any strides.
 // Column sums of output 0 (bias gradients): partial rows + column_sum_kernel for many rows, one
 // launch for up to kMaxFewRows rows (decode).
 #include <ATen/OpMathType.h>
@@ -11,6 +12,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <limits>
 #include <type_traits>
 
 #include "cuda_column_sum.cuh"
@@ -29,32 +31,37 @@ constexpr int64_t kMaxGridRows = 65535;
 // thread, where latency matters more than loads in flight.
 constexpr int kMaxRowsPerThread = 2;
 
-// Small grids (decode: a few rows) use 64-thread blocks, so that a row of 8192 16-bit values
-// spreads over 16 SMs instead of 4 (decode forwards 0.1-0.2 µs faster in the run that brought it
-// in, together with other changes: docs/benchmarks.md, Change 2).
+// Small grids (decode: a few rows) run rowwise_decode_kernel in blocks of 128 threads (8 elements per
+// thread: 1.28-1.45 µs against 1.33-1.59 in blocks of 64 at 16-32 rows of 8192, H200, Change 15), or
+// where its 32-bit offsets do not fit, the looping kernel in blocks of 64, so that a row of 8192
+// 16-bit values spreads over 16 SMs instead of 4 (Change 2).
+constexpr int kDecodeThreadsPerBlock = 128;
 constexpr int kSmallGridThreadsPerBlock = 64;
 
-template <typename scalar_t, int kInputs, int kOutputs>
-__device__ __forceinline__ void load_row_vectors(const RowwiseProblem<kInputs, kOutputs>& problem, int64_t row,
-                                                 int64_t vector, Vec16<scalar_t> (&in_vectors)[kInputs]) {
+// Index: int64_t, or int where the launcher checked that every offset fits (decode kernels).
+template <int kVectorBytes, typename scalar_t, int kInputs, int kOutputs, typename Index>
+__device__ __forceinline__ void load_row_vectors(const RowwiseProblem<kInputs, kOutputs>& problem, Index row,
+                                                 Index vector, Vec<scalar_t, kVectorBytes> (&in_vectors)[kInputs]) {
 #pragma unroll
   for (int i = 0; i < kInputs; ++i) {
-    in_vectors[i] = load_vec16(
-        static_cast<const scalar_t*>(problem.inputs[i].data) + row * problem.inputs[i].row_stride, vector);
+    in_vectors[i] = load_vec<kVectorBytes>(static_cast<const scalar_t*>(problem.inputs[i].data) +
+                                               row * static_cast<Index>(problem.inputs[i].row_stride),
+                                           vector);
   }
 }
 
 // Applies the op to one loaded vector of `row`, stores the outputs and, with kSumFirstOutput, adds
 // output 0 (in opmath, before rounding) to `sums`.
-template <bool kSumFirstOutput, typename scalar_t, int kInputs, int kOutputs, typename Op, typename opmath_t>
+template <bool kSumFirstOutput, int kVectorBytes, typename scalar_t, int kInputs, int kOutputs, typename Op,
+          typename opmath_t, typename Index>
 __device__ __forceinline__ void apply_row_vector(const RowwiseProblem<kInputs, kOutputs>& problem, const Op& op,
-                                                 int64_t row, int64_t vector,
-                                                 const Vec16<scalar_t> (&in_vectors)[kInputs],
-                                                 opmath_t (&sums)[Vec16<scalar_t>::kSize]) {
-  constexpr int kSize = Vec16<scalar_t>::kSize;
+                                                 Index row, Index vector,
+                                                 const Vec<scalar_t, kVectorBytes> (&in_vectors)[kInputs],
+                                                 opmath_t (&sums)[Vec<scalar_t, kVectorBytes>::kSize]) {
+  constexpr int kSize = Vec<scalar_t, kVectorBytes>::kSize;
   opmath_t in_values[kInputs][kSize];
 #pragma unroll
-  for (int i = 0; i < kInputs; ++i) unpack_vec16(in_vectors[i], in_values[i]);
+  for (int i = 0; i < kInputs; ++i) unpack_vec(in_vectors[i], in_values[i]);
   opmath_t out_values[kOutputs][kSize];
 #pragma unroll
   for (int j = 0; j < kSize; ++j) {
@@ -69,20 +76,22 @@ __device__ __forceinline__ void apply_row_vector(const RowwiseProblem<kInputs, k
   }
 #pragma unroll
   for (int o = 0; o < kOutputs; ++o) {
-    store_vec16(static_cast<scalar_t*>(problem.outputs[o].data) + row * problem.outputs[o].row_stride, vector,
-                pack_vec16<scalar_t>(out_values[o]));
+    store_vec<kVectorBytes>(
+        static_cast<scalar_t*>(problem.outputs[o].data) + row * static_cast<Index>(problem.outputs[o].row_stride),
+        vector, pack_vec<scalar_t, kVectorBytes>(out_values[o]));
   }
 }
 
 // With a sum_t other than void, each thread also adds output 0 over the rows it visits and block
 // row y writes its sums as row y of `column_sums` [gridDim.y, columns]: partial sums in opmath
 // for launch_column_sums, or the final sums in scalar_t when gridDim.y is 1.
-template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, typename Op>
+template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, int kVectorBytes,
+          typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_vectorized_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, sum_t* column_sums) {
   constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
   using opmath_t = at::opmath_type<scalar_t>;
-  using Vec = Vec16<scalar_t>;
+  using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
   const int64_t vectors_per_row = problem.columns / Vec::kSize;
   const int64_t row_step = int64_t(gridDim.y) * kRowsPerThread;
   for (int64_t vector = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; vector < vectors_per_row;
@@ -94,12 +103,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         if (r > 0 && first_row + r >= problem.rows) break;
-        load_row_vectors(problem, first_row + r, vector, in_vectors[r]);
+        load_row_vectors<kVectorBytes>(problem, first_row + r, vector, in_vectors[r]);
       }
 #pragma unroll
       for (int r = 0; r < kRowsPerThread; ++r) {
         if (r > 0 && first_row + r >= problem.rows) break;
-        apply_row_vector<kSumFirstOutput>(problem, op, first_row + r, vector, in_vectors[r], sums);
+        apply_row_vector<kSumFirstOutput, kVectorBytes>(problem, op, first_row + r, vector, in_vectors[r], sums);
       }
     }
     if constexpr (kSumFirstOutput) {
@@ -108,6 +117,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
       store_consecutive(column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize, row_sums);
     }
+  }
+}
+
+// Decode grids: each thread takes one column vector of up to kRowsPerThread rows, with no loops and
+// 32-bit offsets (the launcher checks that they fit and that the grid covers the problem).
+template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, int kVectorBytes,
+          typename Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    rowwise_decode_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, sum_t* column_sums) {
+  constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
+  const int vector = blockIdx.x * blockDim.x + threadIdx.x;
+  if (vector >= static_cast<int>(problem.columns) / Vec::kSize) return;
+  const int rows = static_cast<int>(problem.rows);
+  const int first_row = blockIdx.y * kRowsPerThread;
+  opmath_t sums[Vec::kSize] = {};
+  Vec in_vectors[kRowsPerThread][kInputs];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    if (r > 0 && first_row + r >= rows) break;
+    load_row_vectors<kVectorBytes>(problem, first_row + r, vector, in_vectors[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    if (r > 0 && first_row + r >= rows) break;
+    apply_row_vector<kSumFirstOutput, kVectorBytes>(problem, op, first_row + r, vector, in_vectors[r], sums);
+  }
+  if constexpr (kSumFirstOutput) {  // one block row: the final sums
+    sum_t row_sums[Vec::kSize];
+#pragma unroll
+    for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
+    store_consecutive(column_sums + vector * Vec::kSize, row_sums);
   }
 }
 
@@ -134,8 +176,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     if (vector < vectors_per_row) {
       for (int64_t row = threadIdx.y; row < problem.rows; row += kFewRowsLanes) {
         Vec in_vectors[kInputs];
-        load_row_vectors(problem, row, vector, in_vectors);
-        apply_row_vector<true>(problem, op, row, vector, in_vectors, sums);
+        load_row_vectors<16>(problem, row, vector, in_vectors);
+        apply_row_vector<true, 16>(problem, op, row, vector, in_vectors, sums);
       }
     }
 #pragma unroll
@@ -183,6 +225,58 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// Elements per thread of a decode grid: the fewest (a power of two, at most a 16-byte vector's) that
+// keep it to kDecodeThreadsPerSm threads per SM. H200, bf16 kernel times of the four activation ops,
+// elements per thread 1/2/4/8 measured at 1-32 rows of 8192 (docs/benchmarks.md, Change 15): one row
+// is fastest at 1-2, two rows at 2, four at 4, eight and more at 8.
+constexpr int64_t kDecodeThreadsPerSm = 64;
+
+inline int decode_elements_per_thread(int64_t elements, int max_elements) {
+  const int64_t threads = kDecodeThreadsPerSm * int64_t(sm_count());
+  int per_thread = 1;
+  while (per_thread < max_elements && elements > threads * per_thread) per_thread *= 2;
+  return per_thread;
+}
+
+// Every operand offset of the problem fits in an int (rowwise_decode_kernel's index math).
+template <int kInputs, int kOutputs>
+bool offsets_fit_in_int(const RowwiseProblem<kInputs, kOutputs>& problem) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (problem.rows > kMax || problem.columns > kMax) return false;
+  for (const RowOperand& operand : problem.inputs) {
+    if ((problem.rows - 1) * operand.row_stride + problem.columns > kMax) return false;
+  }
+  for (const RowOutput& output : problem.outputs) {
+    if ((problem.rows - 1) * output.row_stride + problem.columns > kMax) return false;
+  }
+  return true;
+}
+
+// A small grid (decode): kRowsPerThread rows of one column vector per thread; with a sum_t, rows <=
+// kRowsPerThread and column_sums gets the final sums. rowwise_decode_kernel with
+// decode_elements_per_thread elements in blocks of kDecodeThreadsPerBlock, where its offsets fit;
+// the looping kernel with 16-byte vectors otherwise (rows of over 2^31 elements).
+template <typename scalar_t, int kRowsPerThread, typename sum_t, int kInputs, int kOutputs, typename Op>
+void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const Op& op, sum_t* column_sums,
+                       cudaStream_t stream) {
+  const int64_t row_groups = (problem.rows + kRowsPerThread - 1) / kRowsPerThread;
+  if (row_groups > kMaxGridRows || !offsets_fit_in_int(problem)) {
+    const dim3 grid(grid_size(problem.columns / Vec16<scalar_t>::kSize, kSmallGridThreadsPerBlock),
+                    static_cast<unsigned int>(std::min(row_groups, kMaxGridRows)));
+    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, 16>
+        <<<grid, kSmallGridThreadsPerBlock, 0, stream>>>(problem, op, column_sums);
+    return;
+  }
+  const int elements = decode_elements_per_thread(problem.rows * problem.columns, Vec16<scalar_t>::kSize);
+  with_vector_bytes<scalar_t>(elements, [&](auto vector_bytes) {
+    constexpr int kVectorBytes = decltype(vector_bytes)::value;
+    const int64_t vectors_per_row = problem.columns / Vec<scalar_t, kVectorBytes>::kSize;
+    const dim3 grid(grid_size(vectors_per_row, kDecodeThreadsPerBlock), static_cast<unsigned int>(row_groups));
+    rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes>
+        <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(problem, op, column_sums);
+  });
+}
+
 template <int kInputs, int kOutputs>
 bool rows_are_vectorizable(const RowwiseProblem<kInputs, kOutputs>& problem, int64_t element_size) {
   const int64_t vector_elements = 16 / element_size;
@@ -217,13 +311,10 @@ void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem
       if (row_groups * column_blocks >= 4 * int64_t(sm_count())) {
         const int64_t grid_rows = (row_groups + row_groups_per_thread - 1) / row_groups_per_thread;
         const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(grid_rows, kMaxGridRows)));
-        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void>
+        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void, 16>
             <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
       } else {
-        const dim3 grid(grid_size(problem.columns / Vec16<scalar_t>::kSize, kSmallGridThreadsPerBlock),
-                        static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
-        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, 1, void>
-            <<<grid, kSmallGridThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
+        launch_small_grid<scalar_t, 1>(problem, op, static_cast<void*>(nullptr), stream);
       }
     } else {
       const dim3 grid(grid_size(problem.columns), static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
@@ -266,9 +357,7 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     const Op<opmath_t> op{params...};
     const int64_t vectors_per_row = problem.columns / Vec16<scalar_t>::kSize;
     if (problem.rows <= kMaxRowsPerThread) {  // each thread holds every row: no lanes to add up
-      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t>
-          <<<grid_size(vectors_per_row, kSmallGridThreadsPerBlock), kSmallGridThreadsPerBlock, 0, stream>>>(
-              problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      launch_small_grid<scalar_t, kMaxRowsPerThread>(problem, op, column_sums.mutable_data_ptr<scalar_t>(), stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -287,7 +376,7 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
         1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
     const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
     if (row_blocks == 1) {  // one block row (rows of millions of columns): it writes the sums itself
-      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t>
+      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t, 16>
           <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
@@ -295,7 +384,7 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     const at::Tensor partials =
         at::empty({row_blocks, problem.columns}, column_sums.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
     opmath_t* partial_rows = partials.mutable_data_ptr<opmath_t>();
-    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, opmath_t>
+    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, opmath_t, 16>
         <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, partial_rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_column_sums(partial_rows, 1, row_blocks, problem.columns, column_sums.mutable_data_ptr<scalar_t>(),

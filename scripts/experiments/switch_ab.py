@@ -9,8 +9,9 @@ docs/benchmarks.md Changes 8-13.
         --shapes 1x8192 16x8192 [--dtypes bfloat16 float16] [--steps forward forward+backward] \
         [--timing kernels graph] [--rounds 3]
 
---ops names bench.py's norms and activations (bias_gelu_none, silu_mul, ...); a shape is rows x H
-(for the gated activations H is the output width, the input is twice as wide).
+--ops names bench.py's relu_add, norms and activations (bias_gelu_none, silu_mul, ...); a shape is rows x H
+(for the gated activations H is the output width, the input is twice as wide; relu_add takes rows * H
+elements).
 """
 import argparse
 import collections
@@ -26,6 +27,8 @@ from decode_kernel_times import kernel_times  # noqa: E402
 
 def make_case(op, rows, hidden, dtype):
     """(fused function, its inputs) for one op and shape."""
+    if op == "relu_add":  # rows x H elements, y the same shape (bench.py's relu_add)
+        return bench.relu_add_fused, [torch.randn(rows * hidden, device="cuda", dtype=dtype) for _ in range(2)]
     if op in bench.NORMS:
         fused, _, residual, bias = bench.NORMS[op]
         inputs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(1 + residual)]
@@ -52,7 +55,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("variable", help="the environment variable the experiment reads per launch")
     parser.add_argument("values", nargs="+", help="its settings, the first being main's behaviour")
-    parser.add_argument("--ops", nargs="+", required=True, choices=[*bench.NORMS, *bench.ACTIVATIONS])
+    parser.add_argument("--ops", nargs="+", required=True, choices=["relu_add", *bench.NORMS, *bench.ACTIVATIONS])
     parser.add_argument("--shapes", nargs="+", required=True, help="rows x H, e.g. 16x8192")
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"])
     parser.add_argument("--steps", nargs="+", default=["forward", "forward+backward"],
