@@ -121,7 +121,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 }
 
 // Decode grids: each thread takes one column vector of up to kRowsPerThread rows, with no loops and
-// 32-bit offsets (the launcher checks that they fit and that the grid covers the problem).
+// 32-bit offsets (launch_small_grid checks that they fit; with rows under 2^31 elements the grid
+// covers every vector, and vector indices stay below 2^30 + 128).
 template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, int kVectorBytes,
           typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
