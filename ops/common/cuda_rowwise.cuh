@@ -82,6 +82,35 @@ __device__ __forceinline__ void apply_row_vector(const RowwiseProblem<kInputs, k
   }
 }
 
+// Loads the vectors of rows first_row .. first_row + kRowsPerThread - 1 (those of the problem), then
+// applies the op to each, so that every load of the group is in flight before the first is used.
+template <bool kSumFirstOutput, int kRowsPerThread, int kVectorBytes, typename scalar_t, int kInputs,
+          int kOutputs, typename Op, typename opmath_t, typename Index>
+__device__ __forceinline__ void apply_row_group(const RowwiseProblem<kInputs, kOutputs>& problem, const Op& op,
+                                                Index first_row, Index vector,
+                                                opmath_t (&sums)[Vec<scalar_t, kVectorBytes>::kSize]) {
+  const Index rows = static_cast<Index>(problem.rows);
+  Vec<scalar_t, kVectorBytes> in_vectors[kRowsPerThread][kInputs];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    if (r > 0 && first_row + r >= rows) break;
+    load_row_vectors<kVectorBytes>(problem, first_row + r, vector, in_vectors[r]);
+  }
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    if (r > 0 && first_row + r >= rows) break;
+    apply_row_vector<kSumFirstOutput, kVectorBytes>(problem, op, first_row + r, vector, in_vectors[r], sums);
+  }
+}
+
+template <typename sum_t, int kSize, typename opmath_t>
+__device__ __forceinline__ void store_column_sums(sum_t* destination, const opmath_t (&sums)[kSize]) {
+  sum_t rounded[kSize];
+#pragma unroll
+  for (int j = 0; j < kSize; ++j) rounded[j] = static_cast<sum_t>(sums[j]);
+  store_consecutive(destination, rounded);
+}
+
 // With a sum_t other than void, each thread also adds output 0 over the rows it visits and block
 // row y writes its sums as row y of `column_sums` [gridDim.y, columns]: partial sums in opmath
 // for launch_column_sums, or the final sums in scalar_t when gridDim.y is 1.
@@ -99,23 +128,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     opmath_t sums[Vec::kSize] = {};
     for (int64_t first_row = int64_t(blockIdx.y) * kRowsPerThread; first_row < problem.rows;
          first_row += row_step) {
-      Vec in_vectors[kRowsPerThread][kInputs];
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        if (r > 0 && first_row + r >= problem.rows) break;
-        load_row_vectors<kVectorBytes>(problem, first_row + r, vector, in_vectors[r]);
-      }
-#pragma unroll
-      for (int r = 0; r < kRowsPerThread; ++r) {
-        if (r > 0 && first_row + r >= problem.rows) break;
-        apply_row_vector<kSumFirstOutput, kVectorBytes>(problem, op, first_row + r, vector, in_vectors[r], sums);
-      }
+      apply_row_group<kSumFirstOutput, kRowsPerThread, kVectorBytes, scalar_t>(problem, op, first_row, vector, sums);
     }
     if constexpr (kSumFirstOutput) {
-      sum_t row_sums[Vec::kSize];
-#pragma unroll
-      for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
-      store_consecutive(column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize, row_sums);
+      store_column_sums(column_sums + int64_t(blockIdx.y) * problem.columns + vector * Vec::kSize, sums);
     }
   }
 }
@@ -132,26 +148,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
   const int vector = blockIdx.x * blockDim.x + threadIdx.x;
   if (vector >= static_cast<int>(problem.columns) / Vec::kSize) return;
-  const int rows = static_cast<int>(problem.rows);
-  const int first_row = blockIdx.y * kRowsPerThread;
   opmath_t sums[Vec::kSize] = {};
-  Vec in_vectors[kRowsPerThread][kInputs];
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    if (r > 0 && first_row + r >= rows) break;
-    load_row_vectors<kVectorBytes>(problem, first_row + r, vector, in_vectors[r]);
-  }
-#pragma unroll
-  for (int r = 0; r < kRowsPerThread; ++r) {
-    if (r > 0 && first_row + r >= rows) break;
-    apply_row_vector<kSumFirstOutput, kVectorBytes>(problem, op, first_row + r, vector, in_vectors[r], sums);
-  }
-  if constexpr (kSumFirstOutput) {  // one block row: the final sums
-    sum_t row_sums[Vec::kSize];
-#pragma unroll
-    for (int j = 0; j < Vec::kSize; ++j) row_sums[j] = static_cast<sum_t>(sums[j]);
-    store_consecutive(column_sums + vector * Vec::kSize, row_sums);
-  }
+  apply_row_group<kSumFirstOutput, kRowsPerThread, kVectorBytes, scalar_t>(
+      problem, op, static_cast<int>(blockIdx.y) * kRowsPerThread, vector, sums);
+  if constexpr (kSumFirstOutput) store_column_sums(column_sums + vector * Vec::kSize, sums);  // one block row
 }
 
 // Column sums over few rows (decode) in one launch with every element in its own thread: a block
