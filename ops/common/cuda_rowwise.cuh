@@ -136,18 +136,40 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// A decode launch's parameters: a RowwiseProblem of contiguous rows cut to what the decode kernel
+// reads, with 32-bit strides and its first read (the vector count) first. For two inputs and one
+// output it spans bytes 0x210-0x23b of the constant bank, where RowwiseProblem spans 0x210-0x25f and its
+// first read sits at 0x258: 0.03-0.13 µs off every decode kernel (H200, docs/benchmarks.md Change 16).
+template <int kInputs, int kOutputs>
+struct DecodeProblem {
+  int vectors_per_row;
+  int rows;
+  const void* inputs[kInputs];
+  void* outputs[kOutputs];
+  int input_row_strides[kInputs];
+  int output_row_strides[kOutputs];
+};
+
 // Decode grids: each thread takes one column vector of up to kRowsPerThread rows, with no loops and
 // 32-bit offsets (launch_small_grid checks that they fit; with rows under 2^31 elements the grid
 // covers every vector, and vector indices stay below 2^30 + 128).
 template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, int kVectorBytes,
           typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
-    rowwise_decode_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, sum_t* column_sums) {
+    rowwise_decode_kernel(DecodeProblem<kInputs, kOutputs> decode, Op op, sum_t* column_sums) {
   constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
   const int vector = blockIdx.x * blockDim.x + threadIdx.x;
-  if (vector >= static_cast<int>(problem.columns) / Vec::kSize) return;
+  if (vector >= decode.vectors_per_row) return;
+  // The row helpers' view of the same operands, in registers.
+  RowwiseProblem<kInputs, kOutputs> problem;
+#pragma unroll
+  for (int i = 0; i < kInputs; ++i) problem.inputs[i] = {decode.inputs[i], decode.input_row_strides[i], 1};
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) problem.outputs[o] = {decode.outputs[o], decode.output_row_strides[o]};
+  problem.rows = decode.rows;
+  problem.columns = decode.vectors_per_row * Vec::kSize;
   opmath_t sums[Vec::kSize] = {};
   apply_row_group<kSumFirstOutput, kRowsPerThread, kVectorBytes, scalar_t>(
       problem, op, static_cast<int>(blockIdx.y) * kRowsPerThread, vector, sums);
@@ -253,8 +275,8 @@ bool offsets_fit_in_int(const RowwiseProblem<kInputs, kOutputs>& problem) {
   return true;
 }
 
-// A small grid (decode): kRowsPerThread rows of one column vector per thread; with a sum_t, rows <=
-// kRowsPerThread and column_sums gets the final sums. rowwise_decode_kernel with
+// A small grid (decode) of vectorizable rows: kRowsPerThread rows of one column vector per thread;
+// with a sum_t, rows <= kRowsPerThread and column_sums gets the final sums. rowwise_decode_kernel with
 // decode_elements_per_thread elements in blocks of kDecodeThreadsPerBlock, where its offsets fit;
 // the looping kernel with 16-byte vectors otherwise (rows of over 2^31 elements).
 template <typename scalar_t, int kRowsPerThread, typename sum_t, int kInputs, int kOutputs, typename Op>
@@ -273,8 +295,19 @@ void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const O
     constexpr int kVectorBytes = decltype(vector_bytes)::value;
     const int64_t vectors_per_row = problem.columns / Vec<scalar_t, kVectorBytes>::kSize;
     const dim3 grid(grid_size(vectors_per_row, kDecodeThreadsPerBlock), static_cast<unsigned int>(row_groups));
+    DecodeProblem<kInputs, kOutputs> decode;
+    decode.vectors_per_row = static_cast<int>(vectors_per_row);
+    decode.rows = static_cast<int>(problem.rows);
+    for (int i = 0; i < kInputs; ++i) {
+      decode.inputs[i] = problem.inputs[i].data;
+      decode.input_row_strides[i] = static_cast<int>(problem.inputs[i].row_stride);
+    }
+    for (int o = 0; o < kOutputs; ++o) {
+      decode.outputs[o] = problem.outputs[o].data;
+      decode.output_row_strides[o] = static_cast<int>(problem.outputs[o].row_stride);
+    }
     rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes>
-        <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(problem, op, column_sums);
+        <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(decode, op, column_sums);
   });
 }
 
