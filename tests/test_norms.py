@@ -307,8 +307,9 @@ def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
     last blocks part empty at 3000 and 12296; the RMSNorm forward of up to 16 rows of 8192 and
-    16384 as one cluster per row; elsewhere the wide decode blocks; from 2 rows the
-    weight gradients summed by columns from each row's mean and rstd), mixed precision too."""
+    16384 as one cluster per row; elsewhere the wide decode blocks, and backward blocks of up to
+    512 threads with one or two packs each; from 2 rows the weight gradients summed by columns
+    from each row's mean and rstd), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 

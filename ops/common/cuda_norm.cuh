@@ -43,11 +43,11 @@ namespace fused_ops {
 namespace cuda {
 
 constexpr int kNormMaxThreads = 512;
-// Decode (at most kNormFewRows rows, about one per SM): a row of up to kNormWideBlockThreads packs
-// gets one pack per thread in a block of that many threads, so that one SM's row work is spread
+// Decode (at most kNormFewRows rows, about one per SM): a forward row of up to kNormWideBlockThreads
+// packs gets one pack per thread in a block of that many threads, so that one SM's row work is spread
 // over 32 warps instead of 8. Measured on an H200: decode forward+backward 0.3-1.0 µs faster
-// (docs/benchmarks.md, Change 3). Forwards whose residual loads first keep blocks of 512
-// (cached_max_threads).
+// (docs/benchmarks.md, Change 3). Forwards whose residual loads first, and every backward since
+// Change 16, keep blocks of 512 (cached_max_threads, cached_backward_max_threads).
 constexpr int kNormWideBlockThreads = 1024;
 constexpr int64_t kNormFewRows = 128;
 constexpr int kNormMaxPacksPerThread = 4;
@@ -553,6 +553,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
 // registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
 // Widest backward block with one pack per thread: the LayerNorm backward keeps kNormMaxThreads, since at
 // 64 registers (1024 threads) it spills.
+// The one-pack backward's launch bound: 1024 for RMS rows (64 registers), as measured since Change 3,
+// although no backward launches more than 512 threads since Change 16.
 template <NormKind kKind>
 constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
 
@@ -1087,10 +1089,12 @@ inline int cached_max_threads(int64_t rows, int64_t packs, bool residual_loads_f
 
 // Threads per block for cached backward rows: blocks of 256, so rows of 257-512 packs get two packs
 // per thread and the staged kernel (measured on an H200, docs/benchmarks.md Change 7: add_layer_norm
-// 4096x4096 fwd+bwd 130 -> 88 us against 512 threads); decode rows as wide as the launch bound allows.
-template <NormKind kKind>
-int cached_backward_max_threads(int64_t rows, int64_t packs) {
-  if (wide_block_rows(rows, packs)) return kNormBackwardWideBlockThreads<kKind>;
+// 4096x4096 fwd+bwd 130 -> 88 us against 512 threads); decode rows blocks of up to 512, one or two
+// packs per thread. The RMSNorm's were 1024 wide until Change 16 (H200 bf16 fwd+bwd under graphs:
+// rms_norm 16x8192 7.34 -> 7.20 us, add_rms_norm 7.87 -> 7.70, 64 rows 8.33 -> 8.14 and 8.72 -> 8.43,
+// 4 rows 6.91 -> 6.79 and 7.32 -> 7.21; blocks of 256 lost everywhere).
+inline int cached_backward_max_threads(int64_t rows, int64_t packs) {
+  if (wide_block_rows(rows, packs)) return kNormMaxThreads;
   return 256;
 }
 
@@ -1255,7 +1259,7 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
       // Cached unless the row is too long, or its block's shared memory does not fit this GPU.
       bool cached = packs <= kMaxCachedPacks;
       if (cached) {
-        const CachedConfig config = cached_config(packs, cached_backward_max_threads<kKind>(p.rows, packs));
+        const CachedConfig config = cached_config(packs, cached_backward_max_threads(p.rows, packs));
         // Sums in registers for RMS rows of over 512 packs (measured, as the block sizes), and for a
         // single row of up to two packs per thread, whose block writes grad·n and grad straight to the
         // gradients: shared sums would zero, add into and copy out a row of shared memory for nothing
