@@ -551,10 +551,9 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
 // end as row blockIdx.x of weight_partials / bias_partials ([gridDim.x, columns], opmath), or, for a
 // grid of one block, directly in grad_weight / grad_bias. Measured on an H200 (docs/benchmarks.md):
 // registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
-// Widest backward block with one pack per thread: the LayerNorm backward keeps kNormMaxThreads, since at
-// 64 registers (1024 threads) it spills.
-// The one-pack backward's launch bound: 1024 for RMS rows (64 registers), as measured since Change 3,
-// although no backward launches more than 512 threads since Change 16.
+// The one-pack backward's launch bound: 1024 for RMS rows (64 registers, the code measured since Change 3,
+// although no backward launches more than 512 threads since Change 16); the LayerNorm's kNormMaxThreads,
+// since at 64 registers it spills.
 template <NormKind kKind>
 constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
 
