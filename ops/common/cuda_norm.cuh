@@ -346,44 +346,110 @@ constexpr bool forward_loads_first_fits() {
 // eight blocks of four warps, on as many SMs, which reduce through distributed shared memory. A row
 // in one block runs 32 warps on one SM: ncu counts 11,296 warp instructions in the one-row
 // add_layer_norm forward, at least 2,824 cycles of its SM's four schedulers, about half its time
-// (docs/benchmarks.md, Change 10). Each cluster-wide sum costs a cluster barrier, so the path takes
-// only what gained on an H200 (bf16, one row of 8192, kernel times, docs/benchmarks.md Change 11):
+// (docs/benchmarks.md, Change 10). The path takes only what gained on an H200 when each cluster-wide
+// sum still cost a cluster barrier (bf16, one row of 8192, kernel times, docs/benchmarks.md Change 11):
 // every backward (rms_norm 2.99 -> 2.35 us, layer_norm 3.54 -> 3.16) and the RMSNorm forwards
 // (rms_norm 2.15 -> 1.95, add_rms_norm 2.57 -> 2.00). A LayerNorm forward over a cluster, with its
 // second reduction, lost (layer_norm 2.56 -> 2.81), and so did 16 rows in clusters of eight
-// (layer_norm backward 3.00 -> 3.61).
+// (layer_norm backward 3.00 -> 3.61). Those two losses were not measured again with pushed sums.
 
 constexpr int kClusterBlockThreads = 128;
 constexpr int kClusterWarps = kClusterBlockThreads / 32;
 constexpr int kMaxClusterBlocks = 8;  // the portable cluster size
 
-// `values` summed over the cluster, the same in every thread (every warp adds the same partials in
-// the same lanes). `slots` is this reduction's own shared array of kCount * kClusterWarps values:
-// the cluster barrier inside publishes them, and no block may overwrite or free them while others
-// read (callers arrive on the cluster barrier after their last reduction and wait before exiting).
+// Cluster sums are pushed, not pulled. On sm_90 every cluster-scope release (cooperative_groups'
+// sync, barrier.cluster.arrive.release, fence.acq_rel.cluster) compiles to MEMBAR.ALL.GPU, which waits
+// for every store in flight; a sum read after such a barrier, and the exit barrier that kept each
+// block's slots alive for the others, cost the one-row rms_norm forward 0.42 us of its 1.90 and its
+// backward 0.51 of 2.10 (H200 bf16 x8192, docs/benchmarks.md Change 17). Instead each warp sends its
+// partials to every block's inbox with st.async, whose bytes complete on the receiver's mbarrier: a
+// block waits only for its own inbox, and no block reads another's shared memory, so none waits to exit.
+// The inboxes are opened (mbarrier init, expected bytes) at the kernel's start, before one relaxed
+// cluster barrier that every block passes before its first push.
 template <int kCount, typename acc_t>
-__device__ __forceinline__ void cluster_sum(acc_t (&values)[kCount], acc_t* slots) {
+struct ClusterInbox {
+  acc_t values[kMaxClusterBlocks][kClusterWarps][kCount];
+  unsigned long long arrived;  // mbarrier: completes when every block's partials are in
+};
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned int shared_address(const void* pointer) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(pointer));
+}
+
+// Thread 0 only, before cluster_inboxes_opened().
+template <int kCount, typename acc_t>
+__device__ __forceinline__ void open_inbox(ClusterInbox<kCount, acc_t>& inbox, int blocks) {
+  const unsigned int bytes = static_cast<unsigned int>(blocks * kClusterWarps * kCount * sizeof(acc_t));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(shared_address(&inbox.arrived)) : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(shared_address(&inbox.arrived)),
+               "r"(bytes)
+               : "memory");
+}
+
+// Every thread: thread 0 has opened this block's inboxes; arrive now, wait (cluster_inboxes_ready)
+// before the first push.
+__device__ __forceinline__ void cluster_inboxes_opened() {
+  if (threadIdx.x == 0) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_inboxes_ready() {
+  asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void push_value(float value, unsigned int remote_slot, unsigned int remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];\n" ::"r"(remote_slot),
+               "f"(value), "r"(remote_barrier)
+               : "memory");
+}
+__device__ __forceinline__ void push_value(double value, unsigned int remote_slot, unsigned int remote_barrier) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f64 [%0], %1, [%2];\n" ::"r"(remote_slot),
+               "d"(value), "r"(remote_barrier)
+               : "memory");
+}
+
+__device__ __forceinline__ unsigned int cluster_map(unsigned int address, int rank) {
+  unsigned int remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(address), "r"(rank));
+  return remote;
+}
+
+// `values` summed over the cluster, the same in every thread (every warp adds the same partials in the
+// same lanes, so the sum is deterministic). Each `inbox` serves one sum per kernel; the first sum waits
+// in cluster_inboxes_ready() before it pushes.
+template <int kCount, typename acc_t>
+__device__ __forceinline__ void cluster_sum(acc_t (&values)[kCount], ClusterInbox<kCount, acc_t>& inbox) {
   namespace cg = cooperative_groups;
   const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const int blocks = static_cast<int>(cg::this_cluster().num_blocks());
+  const int rank = static_cast<int>(cg::this_cluster().block_rank());
 #pragma unroll
   for (int i = 0; i < kCount; ++i) values[i] = warp_sum(values[i]);
-  if (lane == 0) {
+  if (lane < blocks) {  // lane r sends this warp's partials to block r
+    const unsigned int remote_barrier = cluster_map(shared_address(&inbox.arrived), lane);
 #pragma unroll
-    for (int i = 0; i < kCount; ++i) slots[i * kClusterWarps + threadIdx.x / 32] = values[i];
+    for (int i = 0; i < kCount; ++i) {
+      push_value(values[i], cluster_map(shared_address(&inbox.values[rank][warp][i]), lane), remote_barrier);
+    }
   }
-  cg::this_cluster().sync();
-  const int partials = static_cast<int>(cg::this_cluster().num_blocks()) * kClusterWarps;  // at most 32
+  const unsigned int barrier = shared_address(&inbox.arrived);
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(barrier)
+      : "memory");
+  const int partials = blocks * kClusterWarps;  // at most 32
 #pragma unroll
   for (int i = 0; i < kCount; ++i) {
-    const acc_t partial =
-        lane < partials
-            ? *cg::this_cluster().map_shared_rank(slots + i * kClusterWarps + lane % kClusterWarps, lane / kClusterWarps)
-            : acc_t(0);
+    const acc_t partial = lane < partials ? inbox.values[lane / kClusterWarps][lane % kClusterWarps][i] : acc_t(0);
     values[i] = warp_sum(partial);
   }
-#endif  // never launched below sm_90 (cluster_launch)
 }
+#endif
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // This thread's packs of its block's row: thread t of the cluster's block r holds packs
@@ -417,7 +483,9 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
-  __shared__ acc_t square_slots[kClusterWarps];
+  __shared__ ClusterInbox<1, acc_t> square_inbox;
+  if (threadIdx.x == 0) open_inbox(square_inbox, static_cast<int>(cg::this_cluster().num_blocks()));
+  cluster_inboxes_opened();
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
   const int64_t row = blockIdx.x / cg::this_cluster().num_blocks();  // one cluster per row
   XPack h[kPacks];
@@ -445,10 +513,9 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
       squares[0] += value * value;
     }
   }
-  cluster_sum(squares, square_slots);
+  cluster_inboxes_ready();
+  cluster_sum(squares, square_inbox);
   const acc_t rstd = reciprocal_sqrt(squares[0] * inverse_columns_of<acc_t>(p) + static_cast<acc_t>(p.eps));
-  // This block is done reading the others' slots; they may not leave before it has read theirs.
-  cg::this_cluster().barrier_arrive();
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
@@ -466,7 +533,6 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
     }
     store_pack<scalar_t, kWidth>(p.out, row * p.columns, packs.pack(k), out);
   }
-  cg::this_cluster().barrier_wait();
 #endif
 }
 
@@ -479,8 +545,14 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
-  __shared__ acc_t mean_slots[kClusterWarps];
-  __shared__ acc_t sum_slots[3 * kClusterWarps];
+  __shared__ ClusterInbox<1, acc_t> mean_inbox;
+  __shared__ ClusterInbox<3, acc_t> sum_inbox;
+  if (threadIdx.x == 0) {
+    const int blocks = static_cast<int>(cg::this_cluster().num_blocks());
+    if constexpr (kKind == NormKind::Layer) open_inbox(mean_inbox, blocks);
+    open_inbox(sum_inbox, blocks);
+  }
+  cluster_inboxes_opened();
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
   // Every input loads at once: weight and grad_residual after the reductions cost the one-row
   // backwards 0.26-0.49 us (H200 bf16 x8192, docs/benchmarks.md Change 13).
@@ -501,7 +573,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(x[k].values[j]);
     }
-    cluster_sum(sum, mean_slots);
+    cluster_inboxes_ready();
+    cluster_sum(sum, mean_inbox);
     mean = sum[0] * inverse_columns_of<acc_t>(p);
   }
   acc_t sums[3] = {0, 0, 0};
@@ -514,10 +587,9 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
                          static_cast<acc_t>(weight[k].values[j]), mean);
     }
   }
-  cluster_sum(sums, sum_slots);
+  if constexpr (kKind != NormKind::Layer) cluster_inboxes_ready();
+  cluster_sum(sums, sum_inbox);
   const BackwardRow<acc_t> statistics = backward_row_of_sums<kKind>(mean, sums, inverse_columns_of<acc_t>(p), p.eps);
-  // This block is done reading the others' slots; they may not leave before it has read theirs.
-  cg::this_cluster().barrier_arrive();
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
@@ -541,7 +613,6 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
       store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_grad);
     }
   }
-  cg::this_cluster().barrier_wait();
 #endif
 }
 
