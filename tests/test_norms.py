@@ -306,8 +306,8 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
-    last blocks part empty at 3000 and 12296; the RMSNorm forward of up to 16 rows of 8192 and
-    16384 as one cluster per row; elsewhere the wide decode blocks, and backward blocks of up to
+    last blocks part empty at 3000 and 12296; the RMSNorm forward of up to 32 rows of 4096 to 8192
+    and 16 of 16384 as one cluster per row; elsewhere the wide decode blocks, and backward blocks of up to
     512 threads with one or two packs each; from 2 rows the weight gradients summed by columns
     from each row's mean and rstd), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
@@ -330,11 +330,12 @@ def test_one_row_runs_on_a_cluster(spec, device):
     assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == (not spec.layer), kernels
 
 
-@pytest.mark.parametrize("shape", [(8, 8192), (16, 8192), (16, 16384), (17, 8192), (4, 4096)])
+@pytest.mark.parametrize("shape", [(8, 8192), (32, 8192), (33, 8192), (16, 16384), (17, 16384), (16, 4096),
+                                   (4, 2048)])
 def test_rms_forward_rows_on_clusters(spec, device, shape):
-    """From Hopper, the RMSNorm forward of a few rows of eight cluster blocks runs one cluster per
-    row: up to 16 rows, with a residual up to 8 at one pack per thread (16 x 8192 measured slower
-    there); rows of four blocks (4096) and 17 rows or more stay in one block per row."""
+    """From Hopper, the RMSNorm forward of a few rows runs one cluster per row: up to 32 rows of four
+    to eight blocks of one pack per thread (4096 and 8192), up to 16 of two packs (16384), with or
+    without a residual; rows of two blocks (2048) and more rows stay in one block per row."""
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     if spec.layer:
@@ -342,7 +343,7 @@ def test_rms_forward_rows_on_clusters(spec, device, shape):
     inputs = spec.inputs(shape, torch.bfloat16, device)
     kernels = cuda_kernels_run_by(lambda: spec.fused(*inputs))
     rows, hidden = shape
-    expected = hidden >= 8192 and rows <= (8 if spec.residual and hidden == 8192 else 16)
+    expected = hidden >= 4096 and rows <= (32 if hidden <= 8192 else 16)
     assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == expected, kernels
 
 

@@ -16,7 +16,7 @@
 //   cluster path (one row of 2 to 8 blocks' packs, sm_90 and later): the row is split over a
 //     thread-block cluster of blocks of 4 warps on as many SMs, reduced through distributed shared
 //     memory; every backward and the RMSNorm forwards (the LayerNorm forward stays cached). The
-//     RMSNorm forward also takes up to 16 rows of eight blocks, one cluster per row.
+//     RMSNorm forward also takes up to 32 rows of four to eight blocks (16 at 16384), one cluster per row.
 // A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
 // element.
 #include <ATen/OpMathType.h>
@@ -1185,14 +1185,15 @@ inline ClusterConfig cluster_config(int64_t rows, int64_t packs) {
   return {blocks, packs_per_thread};
 }
 
-// Rows of the RMSNorm forward that run one cluster each. Several rows only for rows of eight blocks,
-// at most one wave (16 x 8 blocks on 132 SMs), and with a residual at one pack per thread only eight:
-// H200 bf16 kernel times, rms_norm 2-16 x 8192 2.12-2.21 -> 1.94-2.10 us, 4-16 x 16384 3.00 -> 2.09-2.26;
-// add_rms_norm 2-8 x 8192 2.26-2.34 -> 2.12-2.16, 4-16 x 16384 3.48-3.53 -> 2.41-2.66. Lost: x 4096
-// (four blocks; 1.77 -> 1.90), 32 and 64 rows, add_rms_norm 16 x 8192 (2.34 -> 2.42) (Change 13).
-inline int64_t rms_forward_cluster_rows(const ClusterConfig& single_row, bool residual) {
-  if (single_row.blocks != kMaxClusterBlocks) return 1;
-  return residual && single_row.packs_per_thread == 1 ? 8 : 16;
+// Rows of the RMSNorm forward that run one cluster each, as measured with pushed sums (H200 bf16
+// kernel times, docs/benchmarks.md Change 17): up to 32 rows of four to eight blocks of one pack per
+// thread (rms_norm 4-16 x 4096 1.70-1.76 -> 1.52-1.55 us, 32 x 8192 2.24 -> 1.87; add_rms_norm
+// 16 x 8192 2.34 -> 1.82, 32 x 8192 2.45 -> 2.07; 64 rows gained at most 0.07), up to 16 of two packs
+// (x 16384, Change 13). Rows of two blocks (x 2048) stay at one: add_rms_norm 2-16 rows lost
+// 1.56-1.61 -> 1.66-1.69.
+inline int64_t rms_forward_cluster_rows(const ClusterConfig& single_row) {
+  if (single_row.blocks < 4) return 1;
+  return single_row.packs_per_thread == 1 ? 32 : 16;
 }
 
 // Whether `kernel` has a body on this device: compiled for sm_90 or later (a build for older GPUs,
@@ -1238,7 +1239,7 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
     return false;  // LayerNorm forwards stay in one block (see the cluster path)
   } else {
     const ClusterConfig config = cluster_config(1, p.columns / kWidth);  // one row's split
-    if (config.blocks == 0 || p.rows > rms_forward_cluster_rows(config, p.residual != nullptr)) return false;
+    if (config.blocks == 0 || p.rows > rms_forward_cluster_rows(config)) return false;
     auto launch = [&](auto weight_first_constant) {
       constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
       return config.packs_per_thread == 1
