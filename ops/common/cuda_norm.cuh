@@ -69,13 +69,19 @@ __device__ __forceinline__ void store_pack(void* base, int64_t row_offset, int64
   reinterpret_cast<Pack<T, kWidth>*>(static_cast<T*>(base) + row_offset)[pack] = value;
 }
 
+// The 32-bit shared-window address of a pointer to shared memory, as PTX's shared-space operands take.
+__device__ __forceinline__ unsigned int shared_address(const void* pointer) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(pointer));
+}
+
 // Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80 and later): the copy
 // occupies no registers while in flight. Copies committed together form a group; groups complete in
 // order, and wait_async_copies<N> returns once at most N of this thread's groups are pending.
 __device__ __forceinline__ void copy_16_bytes_async(void* shared_destination, const void* global_source) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned int destination = static_cast<unsigned int>(__cvta_generic_to_shared(shared_destination));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(destination), "l"(global_source) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_destination)),
+               "l"(global_source)
+               : "memory");
 #else
   *static_cast<uint4*>(shared_destination) = *static_cast<const uint4*>(global_source);
 #endif
@@ -373,10 +379,6 @@ struct ClusterInbox {
 };
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ unsigned int shared_address(const void* pointer) {
-  return static_cast<unsigned int>(__cvta_generic_to_shared(pointer));
-}
-
 // Thread 0 only, before cluster_inboxes_opened().
 template <int kCount, typename acc_t>
 __device__ __forceinline__ void open_inbox(ClusterInbox<kCount, acc_t>& inbox, int blocks) {
