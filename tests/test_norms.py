@@ -300,23 +300,24 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
 
 
 @pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384),
-                                   (1, 12296), (1, 3000), (1, 2048), (3, 1032), (8, 8192), (4, 16384)])
+                                   (1, 12296), (1, 3000), (1, 2048), (3, 1032), (8, 8192), (4, 16384),
+                                   (5, 7000)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
-    last blocks part empty at 3000 and 12296; the RMSNorm forward of up to 32 rows of 4096 to 8192
-    and 16 of 16384 as one cluster per row; elsewhere the wide decode blocks, and backward blocks of up to
-    512 threads with one or two packs each; from 2 rows the weight gradients summed by columns
+    last blocks part empty at 3000, 7000 and 12296; up to 32 rows of 4096 to 8192 and 16 of 16384 as
+    one cluster per row, forward and backward; elsewhere the wide decode blocks, and backward blocks of
+    up to 512 threads with one or two packs each; from 2 rows the weight gradients summed by columns
     from each row's mean and rstd), mixed precision too."""
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
 def test_one_row_runs_on_a_cluster(spec, device):
     """From Hopper, the backward of one bf16 row of 8192 runs on a cluster of SMs, and so does the
-    RMSNorm forward (the LayerNorm forward stays in one block): the decode path is taken, not
-    silently replaced by the one-block kernels it measured faster than."""
+    forward (RMSNorm or LayerNorm): the decode path is taken, not silently replaced by the one-block
+    kernels it measured faster than."""
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     inputs = [t.requires_grad_(True) for t in spec.inputs((1, 8192), torch.bfloat16, device)]
@@ -327,24 +328,45 @@ def test_one_row_runs_on_a_cluster(spec, device):
 
     kernels = cuda_kernels_run_by(step)
     assert any("norm_backward_cluster_kernel" in name for name in kernels), kernels
-    assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == (not spec.layer), kernels
+    forward = "layer_norm_forward_cluster_kernel" if spec.layer else "rms_norm_forward_cluster_kernel"
+    assert any(forward in name for name in kernels), kernels
 
 
 @pytest.mark.parametrize("shape", [(8, 8192), (32, 8192), (33, 8192), (16, 16384), (17, 16384), (16, 4096),
-                                   (4, 2048)])
-def test_rms_forward_rows_on_clusters(spec, device, shape):
-    """From Hopper, the RMSNorm forward of a few rows runs one cluster per row: up to 32 rows of four
-    to eight blocks of one pack per thread (4096 and 8192), up to 16 of two packs (16384), with or
-    without a residual; rows of two blocks (2048) and more rows stay in one block per row."""
+                                   (1, 4096), (4, 2048)])
+def test_forward_rows_on_clusters(spec, device, shape):
+    """From Hopper, the forward of a few rows runs one cluster per row: up to 32 rows of four to eight
+    blocks of one pack per thread (4096 and 8192), up to 16 of two packs (16384); the LayerNorm without
+    a residual only on full clusters of eight blocks (8192 and 16384). Rows of two blocks (2048) and
+    more rows stay in one block per row."""
     if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
-    if spec.layer:
-        pytest.skip("the LayerNorm forward stays in one block")
     inputs = spec.inputs(shape, torch.bfloat16, device)
     kernels = cuda_kernels_run_by(lambda: spec.fused(*inputs))
     rows, hidden = shape
     expected = hidden >= 4096 and rows <= (32 if hidden <= 8192 else 16)
-    assert any("rms_norm_forward_cluster_kernel" in name for name in kernels) == expected, kernels
+    if spec.layer and not spec.residual:
+        expected = expected and hidden >= 8192
+    forward = "layer_norm_forward_cluster_kernel" if spec.layer else "rms_norm_forward_cluster_kernel"
+    assert any(forward in name for name in kernels) == expected, kernels
+
+
+@pytest.mark.parametrize("shape", [(2, 8192), (32, 8192), (33, 8192), (16, 16384), (17, 16384), (16, 4096),
+                                   (1, 2048), (4, 2048)])
+def test_backward_rows_on_clusters(spec, device, shape):
+    """From Hopper, the backward of a few rows runs one cluster per row under the forwards' rule (up to
+    32 rows of 4096 and 8192, 16 of 16384, one row of 2048), and from 2 rows the weight gradients are
+    then summed by columns (weight_grad_kernel) from the rows' statistics."""
+    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters: CUDA from Hopper")
+    inputs = [t.requires_grad_(True) for t in spec.inputs(shape, torch.bfloat16, device)]
+    outputs = spec.fused(*inputs)
+    grad = torch.randn_like(outputs[0])
+    kernels = cuda_kernels_run_by(lambda: torch.autograd.grad(outputs[0], inputs, grad, retain_graph=True))
+    rows, hidden = shape
+    expected = rows == 1 or (hidden >= 4096 and rows <= (32 if hidden <= 8192 else 16))
+    assert any("norm_backward_cluster_kernel" in name for name in kernels) == expected, kernels
+    assert any("weight_grad_kernel" in name for name in kernels) == (rows > 1), kernels
 
 
 @pytest.mark.parametrize("rows_kind", ["mean_far_from_zero", "one_massive_channel"])

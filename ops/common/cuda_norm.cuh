@@ -13,10 +13,11 @@
 //   long-row path (longer rows): one block of 1024 threads per row passes over the row in memory
 //     two or three times (the rows in flight fit in L2), and the backward stores each row's mean
 //     and rstd so weight_grad_kernel sums grad·n by columns.
-//   cluster path (one row of 2 to 8 blocks' packs, sm_90 and later): the row is split over a
+//   cluster path (rows of 2 to 8 blocks' packs, sm_90 and later): each row is split over a
 //     thread-block cluster of blocks of 4 warps on as many SMs, reduced through distributed shared
-//     memory; every backward and the RMSNorm forwards (the LayerNorm forward stays cached). The
-//     RMSNorm forward also takes up to 32 rows of four to eight blocks (16 at 16384), one cluster per row.
+//     memory; one row of 2 to 8 blocks, or up to 32 rows of 4 to 8 blocks (16 at 16384), one cluster
+//     per row, forward and backward (a LayerNorm forward without residual only on eight blocks).
+//     From 2 rows the backward stores each row's mean and rstd for weight_grad_kernel.
 // A pack is 16 bytes of x when every row is 16-byte aligned and H fills whole packs, otherwise one
 // element.
 #include <ATen/OpMathType.h>
@@ -357,7 +358,8 @@ constexpr bool forward_loads_first_fits() {
 // every backward (rms_norm 2.99 -> 2.35 us, layer_norm 3.54 -> 3.16) and the RMSNorm forwards
 // (rms_norm 2.15 -> 1.95, add_rms_norm 2.57 -> 2.00). A LayerNorm forward over a cluster, with its
 // second reduction, lost (layer_norm 2.56 -> 2.81), and so did 16 rows in clusters of eight
-// (layer_norm backward 3.00 -> 3.61). Those two losses were not measured again with pushed sums.
+// (layer_norm backward 3.00 -> 3.61). With pushed sums the LayerNorm forward gains (1 x 8192
+// 2.54 -> 1.98, add_layer_norm 16 x 8192 2.87 -> 2.15; Change 18).
 
 constexpr int kClusterBlockThreads = 128;
 constexpr int kClusterWarps = kClusterBlockThreads / 32;
@@ -538,10 +540,86 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
 #endif
 }
 
-// The backward of the row split as in rms_norm_forward_cluster_kernel: its grad·n and grad are the
-// weight gradients, written straight to them.
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
-__global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_kernel(NormBackwardProblem p) {
+// The LayerNorm forward on the same split, with two pushed sums: the mean, then the centred squares
+// (two passes over registers, so a row far from zero keeps its precision). Barrier sums made this
+// design lose (Change 11: layer_norm 1 x 8192 2.56 -> 2.81 us); pushed, it gains (Change 18).
+template <typename scalar_t, typename weight_t, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_cluster_kernel(NormForwardProblem p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  using acc_t = at::opmath_type<scalar_t>;
+  using XPack = Pack<scalar_t, kWidth>;
+  using WPack = Pack<weight_t, kWidth>;
+  __shared__ ClusterInbox<1, acc_t> mean_inbox;
+  __shared__ ClusterInbox<1, acc_t> square_inbox;
+  if (threadIdx.x == 0) {
+    const int blocks = static_cast<int>(cg::this_cluster().num_blocks());
+    open_inbox(mean_inbox, blocks);
+    open_inbox(square_inbox, blocks);
+  }
+  cluster_inboxes_opened();
+  const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  const int64_t row = blockIdx.x / cg::this_cluster().num_blocks();  // one cluster per row
+  XPack h[kPacks];
+  XPack residual[kPacks];
+  WPack weight[kPacks];
+  WPack bias[kPacks];
+  packs.load(h, p.x, row * p.x_row_stride);
+  if (p.residual) packs.load(residual, p.residual, row * p.residual_row_stride);
+  packs.load(weight, p.weight);
+  if (p.bias) packs.load(bias, p.bias);
+  if (p.residual) {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      if (!packs.in_row(k)) continue;
+      add_residual_pack<true>(h[k], residual[k]);
+      store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, packs.pack(k), h[k]);
+    }
+  }
+  acc_t sum[1] = {0};
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) sum[0] += static_cast<acc_t>(h[k].values[j]);
+  }
+  cluster_inboxes_ready();
+  cluster_sum(sum, mean_inbox);
+  const acc_t mean = sum[0] * inverse_columns_of<acc_t>(p);
+  acc_t squares[1] = {0};
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      const acc_t centered = static_cast<acc_t>(h[k].values[j]) - mean;
+      squares[0] += centered * centered;
+    }
+  }
+  cluster_sum(squares, square_inbox);
+  const acc_t rstd = reciprocal_sqrt(squares[0] * inverse_columns_of<acc_t>(p) + static_cast<acc_t>(p.eps));
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+    XPack out;
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * static_cast<acc_t>(weight[k].values[j]);
+      if (p.bias) value += static_cast<acc_t>(bias[k].values[j]);
+      out.values[j] = static_cast<scalar_t>(value);
+    }
+    store_pack<scalar_t, kWidth>(p.out, row * p.columns, packs.pack(k), out);
+  }
+#endif
+}
+
+
+// The backward of the row split as in rms_norm_forward_cluster_kernel, one cluster per row. One row
+// (kRowStatistics false): its grad·n and grad are the weight gradients, written straight to them.
+// Several rows: each row's mean and rstd go to `statistics` ([rows, 2]) for weight_grad_kernel.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kRowStatistics>
+__global__ void __launch_bounds__(kClusterBlockThreads)
+    norm_backward_cluster_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* statistics) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using acc_t = at::opmath_type<scalar_t>;
@@ -556,16 +634,17 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
   }
   cluster_inboxes_opened();
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
+  const int64_t row = kRowStatistics ? blockIdx.x / cg::this_cluster().num_blocks() : 0;
   // Every input loads at once: weight and grad_residual after the reductions cost the one-row
   // backwards 0.26-0.49 us (H200 bf16 x8192, docs/benchmarks.md Change 13).
   XPack x[kPacks];
   XPack grad[kPacks];
   WPack weight[kPacks];
   XPack grad_residual[kPacks];
-  packs.load(x, p.x);
-  packs.load(grad, p.grad);
+  packs.load(x, p.x, row * p.x_row_stride);
+  packs.load(grad, p.grad, row * p.grad_row_stride);
   packs.load(weight, p.weight);
-  if (p.grad_residual) packs.load(grad_residual, p.grad_residual);
+  if (p.grad_residual) packs.load(grad_residual, p.grad_residual, row * p.grad_residual_row_stride);
   acc_t mean = 0;
   if constexpr (kKind == NormKind::Layer) {
     acc_t sum[1] = {0};
@@ -591,7 +670,14 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
   }
   if constexpr (kKind != NormKind::Layer) cluster_inboxes_ready();
   cluster_sum(sums, sum_inbox);
-  const BackwardRow<acc_t> statistics = backward_row_of_sums<kKind>(mean, sums, inverse_columns_of<acc_t>(p), p.eps);
+  const BackwardRow<acc_t> row_statistics =
+      backward_row_of_sums<kKind>(mean, sums, inverse_columns_of<acc_t>(p), p.eps);
+  if constexpr (kRowStatistics) {
+    if (threadIdx.x == 0 && cg::this_cluster().block_rank() == 0) {
+      statistics[2 * row] = row_statistics.mean;
+      statistics[2 * row + 1] = row_statistics.rstd;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
@@ -602,17 +688,19 @@ __global__ void __launch_bounds__(kClusterBlockThreads) norm_backward_cluster_ke
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       const acc_t g = static_cast<acc_t>(grad[k].values[j]);
-      const acc_t n = statistics.normalized(static_cast<acc_t>(x[k].values[j]));
-      acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight[k].values[j]), n);
+      const acc_t n = row_statistics.normalized(static_cast<acc_t>(x[k].values[j]));
+      acc_t value = row_statistics.grad_h(g, static_cast<acc_t>(weight[k].values[j]), n);
       if (p.grad_residual) value += static_cast<acc_t>(grad_residual[k].values[j]);
       grad_x.values[j] = static_cast<scalar_t>(value);
       weight_grad[j] = static_cast<weight_t>(g * n);
       bias_grad[j] = static_cast<weight_t>(g);
     }
-    store_pack<scalar_t, kWidth>(p.grad_x, 0, pack, grad_x);
-    store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_grad);
-    if constexpr (kKind == NormKind::Layer) {
-      store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_grad);
+    store_pack<scalar_t, kWidth>(p.grad_x, row * p.columns, pack, grad_x);
+    if constexpr (!kRowStatistics) {
+      store_consecutive(static_cast<weight_t*>(p.grad_weight) + pack * kWidth, weight_grad);
+      if constexpr (kKind == NormKind::Layer) {
+        store_consecutive(static_cast<weight_t*>(p.grad_bias) + pack * kWidth, bias_grad);
+      }
     }
   }
 #endif
@@ -998,27 +1086,35 @@ __global__ void __launch_bounds__(kLongRowThreads)
   }
 }
 
-// Long-row path: weight (and bias) gradients by columns, from grad, h and the row statistics.
-// Each thread sums every kRowGroups-th row in order, then the groups are added in order.
-template <typename scalar_t, typename weight_t, NormKind kKind>
-__global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<scalar_t>* statistics) {
+// Weight (and bias) gradients by columns, from grad, h and the row statistics (the long-row and
+// decode paths). A block takes 32 columns in kGroups row groups; each thread sums every kGroups-th row
+// in order, then the groups are added in order.
+template <typename scalar_t, typename weight_t, NormKind kKind, int kGroups>
+__global__ void __launch_bounds__(kColumnsPerBlock * kGroups)
+    weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<scalar_t>* statistics) {
   using acc_t = at::opmath_type<scalar_t>;
-  __shared__ acc_t shared[2][kRowGroups][kColumnsPerBlock];
+  __shared__ acc_t shared[2][kGroups][kColumnsPerBlock];
   const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   acc_t weight_sum = 0, bias_sum = 0;
   if (column < p.columns) {
-    for (int64_t row = threadIdx.y; row < p.rows; row += kRowGroups) {
+    auto add_row = [&](int64_t row) {
       const acc_t grad = static_cast<acc_t>(static_cast<const scalar_t*>(p.grad)[row * p.grad_row_stride + column]);
       const acc_t x = static_cast<acc_t>(static_cast<const scalar_t*>(p.x)[row * p.x_row_stride + column]);
       weight_sum += grad * (x - statistics[2 * row]) * statistics[2 * row + 1];
       bias_sum += grad;
+    };
+    if constexpr (kGroups < kRowGroups) {  // several rows per thread: four loads in flight
+#pragma unroll 4
+      for (int64_t row = threadIdx.y; row < p.rows; row += kGroups) add_row(row);
+    } else {
+      for (int64_t row = threadIdx.y; row < p.rows; row += kGroups) add_row(row);
     }
   }
   shared[0][threadIdx.y][threadIdx.x] = weight_sum;
   shared[1][threadIdx.y][threadIdx.x] = bias_sum;
   __syncthreads();
   if (threadIdx.y == 0 && column < p.columns) {
-    for (int group = 1; group < kRowGroups; ++group) {
+    for (int group = 1; group < kGroups; ++group) {
       weight_sum += shared[0][group][threadIdx.x];
       bias_sum += shared[1][group][threadIdx.x];
     }
@@ -1027,11 +1123,25 @@ __global__ void weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<
   }
 }
 
+// Row groups of the column sum, as measured (H200 bf16 fwd+bwd kernel us, docs/benchmarks.md Change 18):
+// 4 for up to 16 rows (rms_norm 16 x 8192 5.99 -> 5.90, 16 x 16384 8.53 -> 7.61), where 16 groups left
+// most threads one row; 8 for more rows of 16384 columns or more, where 16 groups' 512-thread blocks
+// need a second wave (rms_norm 128 x 16384 13.16 -> 12.19); 16 elsewhere (128 x 8192 8.51, at 4 groups
+// 9.42). One shape always takes the same groups, so the sums stay bit-identical run to run.
+inline int weight_grad_row_groups(int64_t rows, int64_t columns) {
+  if (rows <= 16) return 4;
+  if (rows <= kNormFewRows && columns >= 16384) return 8;
+  return kRowGroups;
+}
+
 template <typename scalar_t, typename weight_t, NormKind kKind>
 void launch_weight_grad(const NormBackwardProblem& p, const at::Tensor& statistics, cudaStream_t stream) {
-  weight_grad_kernel<scalar_t, weight_t, kKind>
-      <<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, kRowGroups), 0, stream>>>(
-          p, statistics.const_data_ptr<at::opmath_type<scalar_t>>());
+  const int groups = weight_grad_row_groups(p.rows, p.columns);
+  auto kernel = groups == 4   ? weight_grad_kernel<scalar_t, weight_t, kKind, 4>
+                : groups == 8 ? weight_grad_kernel<scalar_t, weight_t, kKind, 8>
+                              : weight_grad_kernel<scalar_t, weight_t, kKind, kRowGroups>;
+  kernel<<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, groups), 0, stream>>>(
+      p, statistics.const_data_ptr<at::opmath_type<scalar_t>>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1176,24 +1286,24 @@ struct ClusterConfig {
   int packs_per_thread;
 };
 
-// The split of one row. Several rows (except the RMSNorm forwards of rms_forward_cluster_rows), a row
-// one block covers, one longer than eight blocks of two packs per thread and GPUs without clusters
-// take the cached path.
-inline ClusterConfig cluster_config(int64_t rows, int64_t packs) {
+// The split of one row over a cluster. A row one block covers, one longer than eight blocks of two
+// packs per thread and GPUs without clusters take the cached path.
+inline ClusterConfig cluster_config(int64_t packs) {
   const int packs_per_thread = packs <= int64_t(kMaxClusterBlocks) * kClusterBlockThreads ? 1 : 2;
   const int64_t packs_per_block = int64_t(kClusterBlockThreads) * packs_per_thread;
   const int64_t blocks = (packs + packs_per_block - 1) / packs_per_block;
-  if (rows != 1 || blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
+  if (blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
   return {blocks, packs_per_thread};
 }
 
-// Rows of the RMSNorm forward that run one cluster each, as measured with pushed sums (H200 bf16
-// kernel times, docs/benchmarks.md Change 17): up to 32 rows of four to eight blocks of one pack per
-// thread (rms_norm 4-16 x 4096 1.70-1.76 -> 1.52-1.55 us, 32 x 8192 2.24 -> 1.87; add_rms_norm
-// 16 x 8192 2.34 -> 1.82, 32 x 8192 2.45 -> 2.07; 64 rows gained at most 0.07), up to 16 of two packs
-// (x 16384, Change 13). Rows of two blocks (x 2048) stay at one: add_rms_norm 2-16 rows lost
-// 1.56-1.61 -> 1.66-1.69.
-inline int64_t rms_forward_cluster_rows(const ClusterConfig& single_row) {
+// Rows that run one cluster each, forward and backward, as measured with pushed sums (H200 bf16 kernel
+// times): up to 32 rows of four to eight blocks of one pack per thread, up to 16 of two packs (x 16384).
+// RMSNorm forwards (Change 17): rms_norm 4-16 x 4096 1.70-1.76 -> 1.52-1.55 us, 32 x 8192 2.24 -> 1.87;
+// add_rms_norm 16 x 8192 2.34 -> 1.82 (64 rows gained at most 0.07). The LayerNorm forwards and every
+// backward gained under the same rule (Change 18; fwd+bwd rms_norm 16 x 8192 5.82 -> 5.16, 16 x 16384
+// 7.58 -> 5.90, 32 x 8192 6.54 -> 6.28). Rows of two blocks (x 2048) stay at one: add_rms_norm forwards
+// of 2-16 rows lost 1.56-1.61 -> 1.66-1.69, backwards of 16 rows 0.07-0.21.
+inline int64_t cluster_rows(const ClusterConfig& single_row) {
   if (single_row.blocks < 4) return 1;
   return single_row.packs_per_thread == 1 ? 32 : 16;
 }
@@ -1215,9 +1325,9 @@ bool compiled_for_clusters(Kernel kernel) {
 
 // Launches `kernel` on `clusters` clusters of `blocks` blocks; false, launching nothing, where it has
 // no body on this device.
-template <typename Problem>
-bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream, const Problem& p,
-                    int64_t clusters = 1) {
+template <typename... Arguments>
+bool cluster_launch(void (*kernel)(Arguments...), int64_t blocks, int64_t clusters, cudaStream_t stream,
+                    Arguments... arguments) {
   if (!compiled_for_clusters(kernel)) return false;
   cudaLaunchAttribute cluster_shape;
   cluster_shape.id = cudaLaunchAttributeClusterDimension;
@@ -1231,24 +1341,31 @@ bool cluster_launch(void (*kernel)(Problem), int64_t blocks, cudaStream_t stream
   config.stream = stream;
   config.attrs = &cluster_shape;
   config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, arguments...));
   return true;
 }
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
 bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t stream) {
+  const ClusterConfig config = cluster_config(p.columns / kWidth);  // one row's split
+  if (config.blocks == 0 || p.rows > cluster_rows(config)) return false;
   if constexpr (kKind != NormKind::RMS) {
-    return false;  // LayerNorm forwards stay in one block (see the cluster path)
+    // Without a residual, only rows of a full cluster gained (H200 bf16, graph us, Change 18):
+    // layer_norm 1 x 8192 2.90 -> 2.40, but 1 x 4096 2.20 -> 2.29 and 1 x 3000 2.26 -> 2.30.
+    if (p.residual == nullptr && config.blocks < kMaxClusterBlocks) return false;
+    return config.packs_per_thread == 1
+               ? cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1>, config.blocks,
+                                p.rows, stream, p)
+               : cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2>, config.blocks,
+                                p.rows, stream, p);
   } else {
-    const ClusterConfig config = cluster_config(1, p.columns / kWidth);  // one row's split
-    if (config.blocks == 0 || p.rows > rms_forward_cluster_rows(config)) return false;
     auto launch = [&](auto weight_first_constant) {
       constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
       return config.packs_per_thread == 1
                  ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1, kWeightFirst>,
-                                  config.blocks, stream, p, p.rows)
+                                  config.blocks, p.rows, stream, p)
                  : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2, kWeightFirst>,
-                                  config.blocks, stream, p, p.rows);
+                                  config.blocks, p.rows, stream, p);
     };
     // The weight loads first only without a residual (see rms_norm_forward_cluster_kernel).
     return p.residual == nullptr ? launch(std::true_type{}) : launch(std::false_type{});
@@ -1256,12 +1373,24 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
 }
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
-bool launch_norm_backward_cluster(const NormBackwardProblem& p, cudaStream_t stream) {
-  const ClusterConfig config = cluster_config(p.rows, p.columns / kWidth);
-  if (config.blocks == 0) return false;
-  return config.packs_per_thread == 1
-             ? cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 1>, config.blocks, stream, p)
-             : cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 2>, config.blocks, stream, p);
+bool launch_norm_backward_cluster(const NormBackwardProblem& p, const at::TensorOptions& acc_options,
+                                  cudaStream_t stream) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const ClusterConfig config = cluster_config(p.columns / kWidth);
+  if (config.blocks == 0 || p.rows > cluster_rows(config)) return false;
+  auto launch = [&](auto row_statistics_constant, acc_t* statistics) {
+    constexpr bool kRowStatistics = decltype(row_statistics_constant)::value;
+    return config.packs_per_thread == 1
+               ? cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 1, kRowStatistics>,
+                                config.blocks, p.rows, stream, p, statistics)
+               : cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 2, kRowStatistics>,
+                                config.blocks, p.rows, stream, p, statistics);
+  };
+  if (p.rows == 1) return launch(std::false_type{}, nullptr);
+  const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
+  if (!launch(std::true_type{}, statistics.mutable_data_ptr<acc_t>())) return false;
+  launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
+  return true;
 }
 
 template <NormKind kKind>
@@ -1328,7 +1457,7 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
-      if (launch_norm_backward_cluster<scalar_t, weight_t, kKind, kWidth>(p, stream)) return;
+      if (launch_norm_backward_cluster<scalar_t, weight_t, kKind, kWidth>(p, acc_options, stream)) return;
       // Cached unless the row is too long, or its block's shared memory does not fit this GPU.
       bool cached = packs <= kMaxCachedPacks;
       if (cached) {
