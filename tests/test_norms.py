@@ -111,7 +111,7 @@ def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
 
 
 @pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (3, 5, 7), (64, 129), (16, 256), (2, 8192),
-                                   (1100, 2048), (1200, 4096), (200, 8192)])
+                                   (1100, 2048), (1200, 4096), (200, 8192), (1030, 6144)])
 def test_values(spec, device, dtype, shape):
     """The last three reach the CUDA forward's one-, two- and four-pack blocks of many rows (1024+
     rows: blocks of 256; 129-1023 rows: blocks of up to 512); decode-sized shapes use two packs only

@@ -1259,14 +1259,18 @@ inline bool wide_block_rows(int64_t rows, int64_t packs) {
   return rows <= kNormFewRows && packs <= kNormWideBlockThreads;
 }
 
-// Threads per block for cached forward rows: many rows stream best with blocks of 256; a few rows
-// (decode) get wider blocks so each row is read by more threads at once, except where the residual
-// loads first: blocks of 512 reduce over half the warps (H200 bf16, 16x8192: add_rms_norm 2.49 ->
-// 2.34 µs, add_layer_norm 3.04 -> 2.82; rms_norm 2.21 -> 2.18 and layer_norm 2.62 -> 2.68 without
-// a residual, which stay at 1024; docs/benchmarks.md Change 12).
+// Threads per block for cached forward rows: many rows stream best with blocks of 256, except rows of
+// 513-1024 packs whose residual loads first, which take 512 (two packs per thread; H200 bf16
+// 16384x8192 kernels: add_rms_norm 262.5 -> 257.0 us, add_layer_norm 263.4 -> 258.3, while rms_norm
+// lost 130.7 -> 136.3 and 4096x4096 stayed level; docs/benchmarks.md Change 18). A few rows (decode)
+// get wider blocks so each row is read by more threads at once, except where the residual loads
+// first: blocks of 512 reduce over half the warps (H200 bf16, 16x8192: add_rms_norm 2.49 -> 2.34 µs,
+// add_layer_norm 3.04 -> 2.82; rms_norm 2.21 -> 2.18 and layer_norm 2.62 -> 2.68 without a
+// residual, which stay at 1024; docs/benchmarks.md Change 12).
 inline int cached_max_threads(int64_t rows, int64_t packs, bool residual_loads_first) {
   if (wide_block_rows(rows, packs)) return residual_loads_first ? kNormMaxThreads : kNormWideBlockThreads;
-  return rows >= 1024 ? 256 : kNormMaxThreads;
+  if (rows < 1024) return kNormMaxThreads;
+  return residual_loads_first && packs > kNormMaxThreads ? kNormMaxThreads : 256;
 }
 
 // Threads per block for cached backward rows: blocks of 256, so rows of 257-512 packs get two packs
