@@ -349,7 +349,7 @@ constexpr bool forward_loads_first_fits() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Cluster path (one row, on Hopper and later): the row's packs are split over a cluster of up to
+// Cluster path (a few rows, on Hopper and later): each row's packs are split over a cluster of up to
 // eight blocks of four warps, on as many SMs, which reduce through distributed shared memory. A row
 // in one block runs 32 warps on one SM: ncu counts 11,296 warp instructions in the one-row
 // add_layer_norm forward, at least 2,824 cycles of its SM's four schedulers, about half its time
@@ -612,7 +612,6 @@ __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_clust
   }
 #endif
 }
-
 
 // The backward of the row split as in rms_norm_forward_cluster_kernel, one cluster per row. One row
 // (kRowStatistics false): its grad·n and grad are the weight gradients, written straight to them.
