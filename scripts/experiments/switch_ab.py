@@ -7,7 +7,7 @@ docs/benchmarks.md Changes 8-13.
 
     python scripts/experiments/switch_ab.py FUSED_NORM_WEIGHTS_EARLY 0 1 --ops rms_norm add_rms_norm \
         --shapes 1x8192 16x8192 [--dtypes bfloat16 float16] [--steps forward forward+backward] \
-        [--timing kernels graph] [--rounds 3]
+        [--timing kernels graph] [--rounds 3] [--compile]
 
 --ops names bench.py's relu_add, norms and activations (bias_gelu_none, silu_mul, ...); a shape is rows x H
 (for the gated activations H is the output width, the input is twice as wide; relu_add takes rows * H
@@ -26,19 +26,20 @@ from decode_kernel_times import kernel_times  # noqa: E402
 
 
 def make_case(op, rows, hidden, dtype):
-    """(fused function, its inputs) for one op and shape."""
+    """(fused function, eager composite, their inputs) for one op and shape."""
     if op == "relu_add":  # rows x H elements, y the same shape (bench.py's relu_add)
-        return bench.relu_add_fused, [torch.randn(rows * hidden, device="cuda", dtype=dtype) for _ in range(2)]
+        return bench.relu_add_fused, bench.relu_add_composite, [
+            torch.randn(rows * hidden, device="cuda", dtype=dtype) for _ in range(2)]
     if op in bench.NORMS:
-        fused, _, residual, bias = bench.NORMS[op]
+        fused, composite, residual, bias = bench.NORMS[op]
         inputs = [torch.randn(rows, hidden, device="cuda", dtype=dtype) for _ in range(1 + residual)]
         inputs += [torch.randn(hidden, device="cuda", dtype=dtype) for _ in range(1 + bias)]
-        return fused, inputs
-    fused, _, gated = bench.ACTIVATIONS[op]
+        return fused, composite, inputs
+    fused, composite, gated = bench.ACTIVATIONS[op]
     if gated:
-        return fused, [torch.randn(rows, 2 * hidden, device="cuda", dtype=dtype)]
-    return fused, [torch.randn(rows, hidden, device="cuda", dtype=dtype),
-                   torch.randn(hidden, device="cuda", dtype=dtype)]
+        return fused, composite, [torch.randn(rows, 2 * hidden, device="cuda", dtype=dtype)]
+    return fused, composite, [torch.randn(rows, hidden, device="cuda", dtype=dtype),
+                              torch.randn(hidden, device="cuda", dtype=dtype)]
 
 
 def steps_of(fused, inputs):
@@ -62,6 +63,8 @@ def main():
                         choices=["forward", "forward+backward"])
     parser.add_argument("--timing", nargs="+", default=["kernels"], choices=["kernels", "graph"])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time torch.compile of the composite in each round (column 'compile')")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("switch_ab.py needs a CUDA device")
@@ -73,25 +76,32 @@ def main():
         for shape in args.shapes:
             rows, hidden = (int(n) for n in shape.split("x"))
             for op in args.ops:
-                fused, inputs = make_case(op, rows, hidden, dtype)
+                fused, composite, inputs = make_case(op, rows, hidden, dtype)
+                compiled_steps = {}
+                if args.compile:
+                    torch._dynamo.reset()
+                    compiled_steps = steps_of(torch.compile(composite), inputs)
+                values = list(args.values) + (["compile"] if args.compile else [])
                 for step_name, step in steps_of(fused, inputs).items():
                     if step_name not in args.steps:
                         continue
                     best = collections.defaultdict(lambda: float("inf"))
                     kernels_seen = {}
                     for _ in range(args.rounds):
-                        for value in args.values:
-                            os.environ[args.variable] = value
+                        for value in values:
+                            timed = compiled_steps[step_name] if value == "compile" else step
+                            if value != "compile":
+                                os.environ[args.variable] = value
                             if "kernels" in args.timing:
-                                kernels = kernel_times(step)
+                                kernels = kernel_times(timed)
                                 best[("kernels", value)] = min(best[("kernels", value)],
                                                                sum(us for _, us in kernels.values()))
                                 kernels_seen[value] = kernels
                             if "graph" in args.timing:
                                 best[("graph", value)] = min(best[("graph", value)],
-                                                             bench.median_time_us(step, "cuda", rows * hidden, 30))
+                                                             bench.median_time_us(timed, "cuda", rows * hidden, 30))
                     for timing in args.timing:
-                        results = "  ".join(f"{value}: {best[(timing, value)]:.2f}" for value in args.values)
+                        results = "  ".join(f"{value}: {best[(timing, value)]:.2f}" for value in values)
                         print(f"{op} {dtype_name} {shape} {step_name} {timing} (us) {results}", flush=True)
                     for value, kernels in kernels_seen.items():
                         for name, (count, us) in sorted(kernels.items(), key=lambda item: -item[1][1]):
