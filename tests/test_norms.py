@@ -120,6 +120,16 @@ def test_values(spec, device, dtype, shape):
     assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
 
 
+@pytest.mark.parametrize("shape", [(1024, 16376), (1100, 16384)])
+def test_values_of_many_long_rows(spec, device, dtype, shape):
+    """On CUDA, 16-bit rows of 2047 and 2048 packs take four packs per thread in blocks of 512; bf16
+    without a residual, a kernel held to three blocks per SM (2047: the last pack of the last thread empty)."""
+    if device != "cuda":
+        pytest.skip("a CUDA block-size case; the CPU kernels are covered by test_values")
+    inputs = spec.inputs(shape, dtype, device)
+    assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
 @pytest.mark.parametrize("shape", [(5, 24), (7, 33), (3, 8192)])
 def test_float32_weight_with_16_bit_x(spec, device, dtype, shape):

@@ -235,10 +235,21 @@ __device__ __forceinline__ void add_residual_pack(Pack<scalar_t, kWidth>& sum, c
   }
 }
 
+// Hides a 16-byte pack's words from the compiler (an empty asm statement, no instruction), so that
+// values it converted to float before this point are converted again after it, not held in registers.
+template <typename T, int kWidth>
+__device__ __forceinline__ void drop_float_copies(Pack<T, kWidth>& pack) {
+  static_assert(sizeof(Pack<T, kWidth>) == 16, "drop_float_copies takes 16-byte packs");
+  auto* words = reinterpret_cast<unsigned int*>(pack.values);
+  asm volatile("" : "+r"(words[0]), "+r"(words[1]), "+r"(words[2]), "+r"(words[3]));
+}
+
 // kLoadsBeforeStores (a residual is required): every pack of x and residual is loaded before the
 // first residual_out store. Interleaved, the compiler cannot move pack k+1's loads above pack k's
 // store (residual_out may alias them), so a thread waits one memory latency per pack.
-template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores>
+// kDropFloatCopies: the output pass converts the row's packs to float again (drop_float_copies).
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores,
+          bool kDropFloatCopies = false>
 __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProblem& p) {
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
@@ -297,6 +308,10 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
     // registers in the two-pack forward (H200 bf16 4096x4096: 19.5 -> 21.5 us).
     const acc_t variance = kKind == NormKind::RMS ? squares[0] / p.columns : squares[0] * inverse_columns;
     const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
+    if constexpr (kDropFloatCopies) {
+#pragma unroll
+      for (int k = 0; k < kPacks; ++k) drop_float_copies(h[k]);
+    }
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
       const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
@@ -322,6 +337,16 @@ template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int 
 __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
     norm_forward_cached_kernel(NormForwardProblem p) {
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, kLoadsBeforeStores>(p);
+}
+
+// Many rows of four 16-bit packs per thread in blocks of 512, without a residual: three blocks per SM
+// (40 registers, the float copies of the row dropped so nothing spills) instead of two at the plain
+// kernel's 64. H200 bf16 4096x16384 forward: rms_norm 66.4 -> 65.2 µs, layer_norm 72.3 -> 67.7
+// (torch.compile 66.4 and 69.8). At 256 threads (16384x8192) it lost (rms_norm 128.7 -> 131.7), and
+// the bound alone spilled 64-104 bytes (docs/benchmarks.md Change 19).
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
+__global__ void __launch_bounds__(kNormMaxThreads, 3) norm_forward_cached_three_blocks_kernel(NormForwardProblem p) {
+  norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false, true>(p);
 }
 
 // Loads first with a residual, held to 64 registers (4 blocks of 256 per SM, as the plain four-pack
@@ -1426,6 +1451,16 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
                 norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>
                     <<<grid, config.threads, 0, stream>>>(p);
               }
+              return;
+            }
+          }
+          // Measured in bf16 with bf16 weights only; float16 (50 registers plain) and float32 weights
+          // keep the plain kernel.
+          if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<weight_t, scalar_t> &&
+                        kWidth == 8 && kPacks == 4) {
+            if (p.rows >= 1024 && config.threads == kNormMaxThreads) {
+              norm_forward_cached_three_blocks_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
+                  <<<grid, config.threads, 0, stream>>>(p);
               return;
             }
           }
