@@ -121,7 +121,7 @@ def test_values(spec, device, dtype, shape):
 
 
 @pytest.mark.parametrize("shape", [(1024, 16376), (1100, 16384)])
-def test_values_of_many_long_rows(spec, device, dtype, shape):
+def test_values_of_many_rows_of_2048_packs(spec, device, dtype, shape):
     """On CUDA, 16-bit rows of 2047 and 2048 packs take four packs per thread in blocks of 512; bf16
     without a residual, a kernel held to three blocks per SM (2047: the last pack of the last thread empty)."""
     if device != "cuda":
