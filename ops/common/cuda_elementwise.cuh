@@ -164,6 +164,22 @@ inline unsigned int grid_size(int64_t work_items, int threads_per_block = kThrea
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
 }
 
+// out = op(a, b) over the 16-byte vector at `index`; both loads are issued before either is used.
+template <typename scalar_t, typename Op>
+__device__ __forceinline__ void apply_binary_vector(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
+                                                    const scalar_t* __restrict__ b, int64_t index, const Op& op) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vec16<scalar_t>;
+  const Vec a_vector = load_vec16(a, index);
+  const Vec b_vector = load_vec16(b, index);
+  opmath_t a_values[Vec::kSize], b_values[Vec::kSize], results[Vec::kSize];
+  unpack_vec16(a_vector, a_values);
+  unpack_vec16(b_vector, b_values);
+#pragma unroll
+  for (int j = 0; j < Vec::kSize; ++j) results[j] = op(a_values[j], b_values[j]);
+  store_vec16(out, index, pack_vec16<scalar_t>(results));
+}
+
 template <typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_vectorized_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
@@ -174,15 +190,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
   for (int64_t index = thread; index < num_vectors; index += thread_count) {
-    // Both loads are issued before either is used.
-    const Vec a_vector = load_vec16(a, index);
-    const Vec b_vector = load_vec16(b, index);
-    opmath_t a_values[Vec::kSize], b_values[Vec::kSize], results[Vec::kSize];
-    unpack_vec16(a_vector, a_values);
-    unpack_vec16(b_vector, b_values);
-#pragma unroll
-    for (int j = 0; j < Vec::kSize; ++j) results[j] = op(a_values[j], b_values[j]);
-    store_vec16(out, index, pack_vec16<scalar_t>(results));
+    apply_binary_vector(out, a, b, index, op);
   }
   // Fewer than one vector of elements is left at the end.
   const int64_t tail = num_vectors * Vec::kSize + thread;
@@ -201,17 +209,8 @@ template <typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_exact_grid_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
                              const scalar_t* __restrict__ b, Op op) {
-  using opmath_t = at::opmath_type<scalar_t>;
-  using Vec = Vec16<scalar_t>;
   const int index = blockIdx.x * kThreadsPerBlock + threadIdx.x;
-  const Vec a_vector = load_vec16(a, index);
-  const Vec b_vector = load_vec16(b, index);
-  opmath_t a_values[Vec::kSize], b_values[Vec::kSize], results[Vec::kSize];
-  unpack_vec16(a_vector, a_values);
-  unpack_vec16(b_vector, b_values);
-#pragma unroll
-  for (int j = 0; j < Vec::kSize; ++j) results[j] = op(a_values[j], b_values[j]);
-  store_vec16(out, index, pack_vec16<scalar_t>(results));
+  apply_binary_vector(out, a, b, index, op);
 }
 
 struct BinaryStridedLayout {
