@@ -226,6 +226,52 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
+// The few-rows column sums on the decode kernel's terms, for up to kMaxFewRowsDecode rows whose vectors
+// fill whole blocks and whose offsets fit in an int: the compact DecodeProblem, 32-bit indices, no
+// loop over groups, no bounds check on the vector. H200 bf16 bias_gelu forward + backward under graphs
+// (docs/benchmarks.md Change 19): tanh 16x8192 3.60 -> 3.17 µs, 4x8192 3.38 -> 2.84; erf 16x8192
+// 3.41 -> 3.22, 16x4096 3.31 -> 3.10. At 64 rows the erf lost (5.43 -> 5.61), so those keep
+// rowwise_few_rows_column_sums_kernel.
+constexpr int64_t kMaxFewRowsDecode = 2 * kFewRowsLanes;
+
+template <typename scalar_t, int kInputs, int kOutputs, typename Op>
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    rowwise_few_rows_decode_column_sums_kernel(DecodeProblem<kInputs, kOutputs> decode, Op op, scalar_t* column_sums) {
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vec = Vec16<scalar_t>;
+  __shared__ opmath_t lane_sums[kFewRowsLanes][kFewRowsVectorsPerBlock][Vec::kSize];
+  RowwiseProblem<kInputs, kOutputs> problem;
+#pragma unroll
+  for (int i = 0; i < kInputs; ++i) problem.inputs[i] = {decode.inputs[i], decode.input_row_strides[i], 1};
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) problem.outputs[o] = {decode.outputs[o], decode.output_row_strides[o]};
+  problem.rows = decode.rows;
+  problem.columns = decode.vectors_per_row * Vec::kSize;
+  const int vector = blockIdx.x * kFewRowsVectorsPerBlock + threadIdx.x;
+  opmath_t sums[Vec::kSize] = {};
+  // Unrolled for kMaxFewRows rows, as measured; launched for up to kMaxFewRowsDecode.
+#pragma unroll
+  for (int k = 0; k < kMaxFewRows / kFewRowsLanes; ++k) {
+    const int row = threadIdx.y + k * kFewRowsLanes;
+    if (row >= decode.rows) break;
+    Vec in_vectors[kInputs];
+    load_row_vectors<16>(problem, row, vector, in_vectors);
+    apply_row_vector<true, 16>(problem, op, row, vector, in_vectors, sums);
+  }
+#pragma unroll
+  for (int j = 0; j < Vec::kSize; ++j) lane_sums[threadIdx.y][threadIdx.x][j] = sums[j];
+  __syncthreads();
+  const int thread = threadIdx.y * kFewRowsVectorsPerBlock + threadIdx.x;
+  if (thread < kFewRowsVectorsPerBlock * Vec::kSize) {
+    const int group_vector = thread / Vec::kSize;
+    const int element = thread % Vec::kSize;
+    opmath_t sum = 0;
+#pragma unroll
+    for (int lane = 0; lane < kFewRowsLanes; ++lane) sum += lane_sums[lane][group_vector][element];
+    column_sums[(blockIdx.x * kFewRowsVectorsPerBlock + group_vector) * Vec::kSize + element] = static_cast<scalar_t>(sum);
+  }
+}
+
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_strided_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op) {
@@ -278,6 +324,24 @@ bool offsets_fit_in_int(const RowwiseProblem<kInputs, kOutputs>& problem) {
   return true;
 }
 
+// The decode kernels' parameters for a problem whose offsets fit in an int (offsets_fit_in_int).
+template <int kInputs, int kOutputs>
+DecodeProblem<kInputs, kOutputs> decode_problem_of(const RowwiseProblem<kInputs, kOutputs>& problem,
+                                                   int64_t vectors_per_row) {
+  DecodeProblem<kInputs, kOutputs> decode;
+  decode.vectors_per_row = static_cast<int>(vectors_per_row);
+  decode.rows = static_cast<int>(problem.rows);
+  for (int i = 0; i < kInputs; ++i) {
+    decode.inputs[i] = problem.inputs[i].data;
+    decode.input_row_strides[i] = static_cast<int>(problem.inputs[i].row_stride);
+  }
+  for (int o = 0; o < kOutputs; ++o) {
+    decode.outputs[o] = problem.outputs[o].data;
+    decode.output_row_strides[o] = static_cast<int>(problem.outputs[o].row_stride);
+  }
+  return decode;
+}
+
 // A small grid (decode) of vectorizable rows: kRowsPerThread rows of one column vector per thread;
 // with a sum_t, rows <= kRowsPerThread and column_sums gets the final sums. rowwise_decode_kernel with
 // decode_elements_per_thread elements in blocks of kDecodeThreadsPerBlock, where its offsets fit;
@@ -298,17 +362,7 @@ void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const O
     constexpr int kVectorBytes = decltype(vector_bytes)::value;
     const int64_t vectors_per_row = problem.columns / Vec<scalar_t, kVectorBytes>::kSize;
     const dim3 grid(grid_size(vectors_per_row, kDecodeThreadsPerBlock), static_cast<unsigned int>(row_groups));
-    DecodeProblem<kInputs, kOutputs> decode;
-    decode.vectors_per_row = static_cast<int>(vectors_per_row);
-    decode.rows = static_cast<int>(problem.rows);
-    for (int i = 0; i < kInputs; ++i) {
-      decode.inputs[i] = problem.inputs[i].data;
-      decode.input_row_strides[i] = static_cast<int>(problem.inputs[i].row_stride);
-    }
-    for (int o = 0; o < kOutputs; ++o) {
-      decode.outputs[o] = problem.outputs[o].data;
-      decode.output_row_strides[o] = static_cast<int>(problem.outputs[o].row_stride);
-    }
+    const DecodeProblem<kInputs, kOutputs> decode = decode_problem_of(problem, vectors_per_row);
     if (vectors_per_row % kDecodeThreadsPerBlock == 0) {
       rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes, true>
           <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(decode, op, column_sums);
@@ -405,6 +459,15 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
     }
     if (problem.rows <= kMaxFewRows) {
       const dim3 block(kFewRowsVectorsPerBlock, kFewRowsLanes);
+      if (problem.rows <= kMaxFewRowsDecode && vectors_per_row % kFewRowsVectorsPerBlock == 0 &&
+          offsets_fit_in_int(problem)) {
+        const DecodeProblem<kInputs, kOutputs> decode = decode_problem_of(problem, vectors_per_row);
+        rowwise_few_rows_decode_column_sums_kernel<scalar_t>
+            <<<static_cast<unsigned int>(vectors_per_row / kFewRowsVectorsPerBlock), block, 0, stream>>>(
+                decode, op, column_sums.mutable_data_ptr<scalar_t>());
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        return;
+      }
       rowwise_few_rows_column_sums_kernel<scalar_t><<<grid_size(vectors_per_row, kFewRowsVectorsPerBlock), block, 0,
                                                       stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
