@@ -150,6 +150,20 @@ struct DecodeProblem {
   int output_row_strides[kOutputs];
 };
 
+// The row helpers' view of a decode kernel's operands, in registers.
+template <int kInputs, int kOutputs>
+__device__ __forceinline__ RowwiseProblem<kInputs, kOutputs> rowwise_problem_of(
+    const DecodeProblem<kInputs, kOutputs>& decode, int vector_size) {
+  RowwiseProblem<kInputs, kOutputs> problem;
+#pragma unroll
+  for (int i = 0; i < kInputs; ++i) problem.inputs[i] = {decode.inputs[i], decode.input_row_strides[i], 1};
+#pragma unroll
+  for (int o = 0; o < kOutputs; ++o) problem.outputs[o] = {decode.outputs[o], decode.output_row_strides[o]};
+  problem.rows = decode.rows;
+  problem.columns = decode.vectors_per_row * vector_size;
+  return problem;
+}
+
 // Decode grids: each thread takes one column vector of up to kRowsPerThread rows, with no loops and
 // 32-bit offsets (launch_small_grid checks that they fit; with rows under 2^31 elements the grid
 // covers every vector, and vector indices stay below 2^30 + 128). kExactGrid: the blocks cover the
@@ -165,14 +179,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
   const int vector = blockIdx.x * kDecodeThreadsPerBlock + threadIdx.x;
   if (!kExactGrid && vector >= decode.vectors_per_row) return;
-  // The row helpers' view of the same operands, in registers.
-  RowwiseProblem<kInputs, kOutputs> problem;
-#pragma unroll
-  for (int i = 0; i < kInputs; ++i) problem.inputs[i] = {decode.inputs[i], decode.input_row_strides[i], 1};
-#pragma unroll
-  for (int o = 0; o < kOutputs; ++o) problem.outputs[o] = {decode.outputs[o], decode.output_row_strides[o]};
-  problem.rows = decode.rows;
-  problem.columns = decode.vectors_per_row * Vec::kSize;
+  RowwiseProblem<kInputs, kOutputs> problem = rowwise_problem_of(decode, Vec::kSize);
   opmath_t sums[Vec::kSize] = {};
   apply_row_group<kSumFirstOutput, kRowsPerThread, kVectorBytes, scalar_t>(
       problem, op, static_cast<int>(blockIdx.y) * kRowsPerThread, vector, sums);
@@ -187,6 +194,30 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 constexpr int kFewRowsLanes = 16;
 constexpr int kFewRowsVectorsPerBlock = kThreadsPerBlock / kFewRowsLanes;
 constexpr int64_t kMaxFewRows = 4 * kFewRowsLanes;
+
+// Each lane's sums of the block's vectors meet in shared memory; thread t then adds column t of the
+// block over the lanes in lane order (deterministic) and writes it: consecutive threads, consecutive
+// columns. kCheckColumns: the block's last vectors may lie past the row's `columns`.
+template <bool kCheckColumns, typename scalar_t, typename opmath_t, int kSize, typename Index>
+__device__ __forceinline__ void add_lane_sums(opmath_t (&lane_sums)[kFewRowsLanes][kFewRowsVectorsPerBlock][kSize],
+                                              const opmath_t (&sums)[kSize], Index first_vector, Index columns,
+                                              scalar_t* column_sums) {
+#pragma unroll
+  for (int j = 0; j < kSize; ++j) lane_sums[threadIdx.y][threadIdx.x][j] = sums[j];
+  __syncthreads();
+  const int thread = threadIdx.y * kFewRowsVectorsPerBlock + threadIdx.x;
+  if (thread < kFewRowsVectorsPerBlock * kSize) {
+    const int group_vector = thread / kSize;
+    const int element = thread % kSize;
+    const Index column = (first_vector + group_vector) * kSize + element;
+    if (!kCheckColumns || column < columns) {
+      opmath_t sum = 0;
+#pragma unroll
+      for (int lane = 0; lane < kFewRowsLanes; ++lane) sum += lane_sums[lane][group_vector][element];
+      column_sums[column] = static_cast<scalar_t>(sum);
+    }
+  }
+}
 
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -206,22 +237,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
         apply_row_vector<true, 16>(problem, op, row, vector, in_vectors, sums);
       }
     }
-#pragma unroll
-    for (int j = 0; j < Vec::kSize; ++j) lane_sums[threadIdx.y][threadIdx.x][j] = sums[j];
-    __syncthreads();
-    // Thread t adds column t of the group over the lanes: consecutive threads, consecutive columns.
-    const int thread = threadIdx.y * kFewRowsVectorsPerBlock + threadIdx.x;
-    if (thread < kFewRowsVectorsPerBlock * Vec::kSize) {
-      const int group_vector = thread / Vec::kSize;
-      const int element = thread % Vec::kSize;
-      const int64_t column = (group * kFewRowsVectorsPerBlock + group_vector) * Vec::kSize + element;
-      if (column < problem.columns) {
-        opmath_t sum = 0;
-#pragma unroll
-        for (int lane = 0; lane < kFewRowsLanes; ++lane) sum += lane_sums[lane][group_vector][element];
-        column_sums[column] = static_cast<scalar_t>(sum);
-      }
-    }
+    add_lane_sums<true>(lane_sums, sums, group * kFewRowsVectorsPerBlock, problem.columns, column_sums);
     __syncthreads();  // lane_sums is rewritten by the next group
   }
 }
@@ -240,13 +256,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   __shared__ opmath_t lane_sums[kFewRowsLanes][kFewRowsVectorsPerBlock][Vec::kSize];
-  RowwiseProblem<kInputs, kOutputs> problem;
-#pragma unroll
-  for (int i = 0; i < kInputs; ++i) problem.inputs[i] = {decode.inputs[i], decode.input_row_strides[i], 1};
-#pragma unroll
-  for (int o = 0; o < kOutputs; ++o) problem.outputs[o] = {decode.outputs[o], decode.output_row_strides[o]};
-  problem.rows = decode.rows;
-  problem.columns = decode.vectors_per_row * Vec::kSize;
+  RowwiseProblem<kInputs, kOutputs> problem = rowwise_problem_of(decode, Vec::kSize);
   const int vector = blockIdx.x * kFewRowsVectorsPerBlock + threadIdx.x;
   opmath_t sums[Vec::kSize] = {};
   // Unrolled for kMaxFewRows rows, as measured; launched for up to kMaxFewRowsDecode.
@@ -258,18 +268,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     load_row_vectors<16>(problem, row, vector, in_vectors);
     apply_row_vector<true, 16>(problem, op, row, vector, in_vectors, sums);
   }
-#pragma unroll
-  for (int j = 0; j < Vec::kSize; ++j) lane_sums[threadIdx.y][threadIdx.x][j] = sums[j];
-  __syncthreads();
-  const int thread = threadIdx.y * kFewRowsVectorsPerBlock + threadIdx.x;
-  if (thread < kFewRowsVectorsPerBlock * Vec::kSize) {
-    const int group_vector = thread / Vec::kSize;
-    const int element = thread % Vec::kSize;
-    opmath_t sum = 0;
-#pragma unroll
-    for (int lane = 0; lane < kFewRowsLanes; ++lane) sum += lane_sums[lane][group_vector][element];
-    column_sums[(blockIdx.x * kFewRowsVectorsPerBlock + group_vector) * Vec::kSize + element] = static_cast<scalar_t>(sum);
-  }
+  add_lane_sums<false>(lane_sums, sums, blockIdx.x * kFewRowsVectorsPerBlock,
+                       static_cast<unsigned int>(decode.vectors_per_row * Vec::kSize), column_sums);
 }
 
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
