@@ -501,6 +501,20 @@ struct ClusterRowPacks {
     }
   }
 };
+
+// With a residual: h += residual for this thread's packs of the row, stored as residual_out.
+template <typename scalar_t, int kWidth, int kPacks>
+__device__ __forceinline__ void add_cluster_residual(const ClusterRowPacks& packs, const NormForwardProblem& p,
+                                                     int64_t row, Pack<scalar_t, kWidth> (&h)[kPacks],
+                                                     const Pack<scalar_t, kWidth> (&residual)[kPacks]) {
+  if (!p.residual) return;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    if (!packs.in_row(k)) continue;
+    add_residual_pack<true>(h[k], residual[k]);
+    store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, packs.pack(k), h[k]);
+  }
+}
 #endif
 
 // kWeightFirst (launched without a residual): weight loads before x, so its latency overlaps x's; one
@@ -524,14 +538,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
   // Every load before the first store (see kLoadsBeforeStores).
   packs.load(h, p.x, row * p.x_row_stride);
   if (p.residual) packs.load(residual, p.residual, row * p.residual_row_stride);
-  if (p.residual) {
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      if (!packs.in_row(k)) continue;
-      add_residual_pack<true>(h[k], residual[k]);
-      store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, packs.pack(k), h[k]);
-    }
-  }
+  add_cluster_residual(packs, p, row, h, residual);
   acc_t squares[1] = {0};
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
@@ -593,14 +600,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_clust
   if (p.residual) packs.load(residual, p.residual, row * p.residual_row_stride);
   packs.load(weight, p.weight);
   if (p.bias) packs.load(bias, p.bias);
-  if (p.residual) {
-#pragma unroll
-    for (int k = 0; k < kPacks; ++k) {
-      if (!packs.in_row(k)) continue;
-      add_residual_pack<true>(h[k], residual[k]);
-      store_pack<scalar_t, kWidth>(p.residual_out, row * p.columns, packs.pack(k), h[k]);
-    }
-  }
+  add_cluster_residual(packs, p, row, h, residual);
   acc_t sum[1] = {0};
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
