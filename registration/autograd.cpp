@@ -32,6 +32,18 @@ at::Tensor call_relu_add_backward(const at::Tensor& grad, const at::Tensor& x) {
   return op.call(grad, x);
 }
 
+std::tuple<at::Tensor, at::Tensor> call_relu_add_with_mask(const at::Tensor& x, const at::Tensor& y, double bias) {
+  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double)>(
+      "fused::relu_add_with_mask");
+  return op.call(x, y, bias);
+}
+
+at::Tensor call_relu_add_backward_masked(const at::Tensor& grad, const at::Tensor& mask) {
+  static const auto op =
+      find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fused::relu_add_backward_masked");
+  return op.call(grad, mask);
+}
+
 at::Tensor call_bias_gelu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
   static const auto op =
       find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>("fused::bias_gelu");
@@ -48,25 +60,65 @@ at::Tensor call_gelu_mul(const at::Tensor& x, c10::string_view approximate) {
   return op.call(x, approximate);
 }
 
+// The gradients of relu_add's x and y, from the mask its forward saved (when x needed a gradient)
+// and y's sizes.
+variable_list relu_add_input_gradients(AutogradContext* ctx, const at::Tensor& grad) {
+  at::Tensor grad_x, grad_y;
+  if (ctx->needs_input_grad(0)) grad_x = call_relu_add_backward_masked(grad, ctx->get_saved_variables()[0]);
+  if (ctx->needs_input_grad(1)) grad_y = grad.sum_to_size_symint(ctx->saved_data["y_sizes"].toSymIntVector());
+  return {grad_x, grad_y, at::Tensor()};
+}
+
+// Saves one bit per element of x (relu_add_with_mask) instead of x: the backward reads grad and the
+// bits, 1/8 byte per element where x took 2-8 (docs/design_notes.md).
 class ReluAddFunction : public torch::autograd::Function<ReluAddFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
                             double bias) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
     ctx->saved_data["y_sizes"] = c10::IValue(y.sym_sizes());
-    return call_relu_add(x, y, bias);
+    if (!x.requires_grad()) return call_relu_add(x, y, bias);
+    auto [out, mask] = call_relu_add_with_mask(x, y, bias);
+    ctx->save_for_backward({mask});
+    return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor& grad = grad_outputs[0];
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    at::Tensor grad_x, grad_y;
-    if (ctx->needs_input_grad(0)) grad_x = call_relu_add_backward(grad, x);
-    if (ctx->needs_input_grad(1)) {
-      grad_y = grad.sum_to_size_symint(ctx->saved_data["y_sizes"].toSymIntVector());
-    }
-    return {grad_x, grad_y, at::Tensor()};
+    return relu_add_input_gradients(ctx, grad_outputs[0]);
+  }
+};
+
+// relu_add_with_mask called directly with inputs that need gradients: out as relu_add's, the mask
+// not differentiable.
+class ReluAddWithMaskFunction : public torch::autograd::Function<ReluAddWithMaskFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y, double bias) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->saved_data["y_sizes"] = c10::IValue(y.sym_sizes());
+    auto [out, mask] = call_relu_add_with_mask(x, y, bias);
+    ctx->save_for_backward({mask});
+    ctx->mark_non_differentiable({mask});
+    return {out, mask};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    return relu_add_input_gradients(ctx, grad_outputs[0]);
+  }
+};
+
+// relu_add_backward_masked is linear in `grad`; the mask has no gradient.
+class ReluAddBackwardMaskedFunction : public torch::autograd::Function<ReluAddBackwardMaskedFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& mask) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({mask});
+    return call_relu_add_backward_masked(grad, mask);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    at::Tensor grad_grad;
+    if (ctx->needs_input_grad(0)) grad_grad = call_relu_add_backward_masked(grad_outputs[0], ctx->get_saved_variables()[0]);
+    return {grad_grad, at::Tensor()};
   }
 };
 
@@ -186,6 +238,23 @@ at::Tensor relu_add_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     return call_relu_add_backward(grad, x);
   }
   return ReluAddBackwardFunction::apply(grad, x);
+}
+
+std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
+  if (!records_gradient(x, y)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_relu_add_with_mask(x, y, bias);
+  }
+  const variable_list outputs = ReluAddWithMaskFunction::apply(x, y, bias);
+  return {outputs[0], outputs[1]};
+}
+
+at::Tensor relu_add_backward_masked_autograd(const at::Tensor& grad, const at::Tensor& mask) {
+  if (!records_gradient(grad)) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return call_relu_add_backward_masked(grad, mask);
+  }
+  return ReluAddBackwardMaskedFunction::apply(grad, mask);
 }
 
 
@@ -478,6 +547,8 @@ ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tens
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("relu_add", &fused_ops::relu_add_autograd);
   m.impl("relu_add_backward", &fused_ops::relu_add_backward_autograd);
+  m.impl("relu_add_with_mask", &fused_ops::relu_add_with_mask_autograd);
+  m.impl("relu_add_backward_masked", &fused_ops::relu_add_backward_masked_autograd);
   m.impl("bias_gelu", &fused_ops::bias_gelu_autograd);
   m.impl("bias_gelu_backward", &fused_ops::bias_gelu_backward_autograd);
   m.impl("silu_mul", &fused_ops::silu_mul_autograd);

@@ -45,11 +45,11 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
               tensor.sym_sizes());
 }
 
-void check_relu_add_arguments(const at::Tensor& x, const at::Tensor& y) {
-  check_floating("relu_add", "x", x);
-  check_same_dtype("relu_add", "y", y, "x", x);
-  check_same_device("relu_add", "y", y, "x", x);
-  check_broadcasts_to("relu_add", "y", y, "x", x);
+void check_relu_add_arguments(const char* op, const at::Tensor& x, const at::Tensor& y) {
+  check_floating(op, "x", x);
+  check_same_dtype(op, "y", y, "x", x);
+  check_same_device(op, "y", y, "x", x);
+  check_broadcasts_to(op, "y", y, "x", x);
 }
 
 void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor& x) {
@@ -57,6 +57,18 @@ void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor&
   check_same_dtype("relu_add_backward", "x", x, "grad", grad);
   check_same_device("relu_add_backward", "x", x, "grad", grad);
   check_same_shape("relu_add_backward", "x", x, "grad", grad);
+}
+
+void check_relu_add_backward_masked_arguments(const at::Tensor& grad, const at::Tensor& mask) {
+  constexpr const char* op = "relu_add_backward_masked";
+  check_floating(op, "grad", grad);
+  check_same_device(op, "mask", mask, "grad", grad);
+  TORCH_CHECK(mask.scalar_type() == at::kByte, "fused::", op,
+              ": expected mask to be uint8 (the mask relu_add_with_mask returns), but got ", mask.scalar_type());
+  const c10::SymInt mask_bytes = (grad.sym_numel() + 7) / 8;
+  TORCH_CHECK(mask.dim() == 1 && mask.sym_size(0) == mask_bytes, "fused::", op,
+              ": expected mask to be 1-D of (grad.numel() + 7) / 8 = ", mask_bytes,
+              " bytes (one bit per element of grad), but got shape ", mask.sym_sizes());
 }
 
 GeluApproximation parse_gelu_approximation(const char* op, c10::string_view approximate) {

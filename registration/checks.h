@@ -24,8 +24,11 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
 // 'none' or 'tanh', as torch.nn.functional.gelu takes it.
 GeluApproximation parse_gelu_approximation(const char* op, c10::string_view approximate);
 
-void check_relu_add_arguments(const at::Tensor& x, const at::Tensor& y);
+// relu_add and relu_add_with_mask.
+void check_relu_add_arguments(const char* op, const at::Tensor& x, const at::Tensor& y);
 void check_relu_add_backward_arguments(const at::Tensor& grad, const at::Tensor& x);
+// mask: uint8, 1-D, one bit per element of grad (relu_add_with_mask's mask).
+void check_relu_add_backward_masked_arguments(const at::Tensor& grad, const at::Tensor& mask);
 void check_bias_gelu_arguments(const char* op, const at::Tensor& x, const at::Tensor& bias);
 void check_bias_gelu_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& bias);
 // x [..., 2d] with an even last dim.

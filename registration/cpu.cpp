@@ -15,6 +15,8 @@ using namespace fused_ops;
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("relu_add", &relu_add_entry<relu_add_cpu>);
   m.impl("relu_add_backward", &relu_add_backward_entry<relu_add_backward_cpu>);
+  m.impl("relu_add_with_mask", &relu_add_with_mask_entry<relu_add_with_mask_cpu>);
+  m.impl("relu_add_backward_masked", &relu_add_backward_masked_entry<relu_add_backward_masked_cpu>);
   m.impl("bias_gelu", &bias_gelu_entry<bias_gelu_cpu>);
   m.impl("bias_gelu_backward", &bias_gelu_backward_entry<bias_gelu_backward_cpu>);
   m.impl("silu_mul", &silu_mul_entry<silu_mul_cpu>);

@@ -10,7 +10,13 @@ namespace fused_ops {
 
 template <auto kernel>
 at::Tensor relu_add_entry(const at::Tensor& x, const at::Tensor& y, double bias) {
-  check_relu_add_arguments(x, y);
+  check_relu_add_arguments("relu_add", x, y);
+  return kernel(x, y, bias);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_entry(const at::Tensor& x, const at::Tensor& y, double bias) {
+  check_relu_add_arguments("relu_add_with_mask", x, y);
   return kernel(x, y, bias);
 }
 
@@ -18,6 +24,12 @@ template <auto kernel>
 at::Tensor relu_add_backward_entry(const at::Tensor& grad, const at::Tensor& x) {
   check_relu_add_backward_arguments(grad, x);
   return kernel(grad, x);
+}
+
+template <auto kernel>
+at::Tensor relu_add_backward_masked_entry(const at::Tensor& grad, const at::Tensor& mask) {
+  check_relu_add_backward_masked_arguments(grad, mask);
+  return kernel(grad, mask);
 }
 
 template <auto kernel>

@@ -14,6 +14,10 @@ at::Tensor like_contiguous(const at::Tensor& tensor) {
 
 at::Tensor relu_add_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
 at::Tensor relu_add_backward_meta(const at::Tensor& grad, const at::Tensor&) { return like_contiguous(grad); }
+std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_meta(const at::Tensor& x, const at::Tensor&, double) {
+  return {like_contiguous(x), at::empty_symint({(x.sym_numel() + 7) / 8}, x.options().dtype(at::kByte))};
+}
+at::Tensor relu_add_backward_masked_meta(const at::Tensor& grad, const at::Tensor&) { return like_contiguous(grad); }
 at::Tensor bias_gelu_meta(const at::Tensor& x, const at::Tensor&, GeluApproximation) {
   return like_contiguous(x);
 }
@@ -63,6 +67,8 @@ using namespace fused_ops;
 TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("relu_add", &relu_add_entry<relu_add_meta>);
   m.impl("relu_add_backward", &relu_add_backward_entry<relu_add_backward_meta>);
+  m.impl("relu_add_with_mask", &relu_add_with_mask_entry<relu_add_with_mask_meta>);
+  m.impl("relu_add_backward_masked", &relu_add_backward_masked_entry<relu_add_backward_masked_meta>);
   m.impl("bias_gelu", &bias_gelu_entry<bias_gelu_meta>);
   m.impl("bias_gelu_backward", &bias_gelu_backward_entry<bias_gelu_backward_meta>);
   m.impl("silu_mul", &silu_mul_entry<gated_meta>);

@@ -8,6 +8,11 @@ TORCH_LIBRARY(fused, m) {
   m.def("relu_add(Tensor x, Tensor y, float bias=0.0) -> Tensor", tags);
   // grad where relu passed x through, else 0 (the gradient of relu_add w.r.t. x).
   m.def("relu_add_backward(Tensor grad, Tensor x) -> Tensor", tags);
+  // relu_add, and where relu passed x through as one bit per element (bit e % 8 of byte e / 8 for
+  // element e of x in C order): what autograd saves for the backward instead of x.
+  m.def("relu_add_with_mask(Tensor x, Tensor y, float bias=0.0) -> (Tensor out, Tensor mask)", tags);
+  // grad where mask's bit is set, else 0: relu_add_backward from relu_add_with_mask's mask.
+  m.def("relu_add_backward_masked(Tensor grad, Tensor mask) -> Tensor", tags);
   // gelu(x + bias, approximate); bias [H] broadcasts over x [..., H]; approximate 'none' or 'tanh'.
   m.def("bias_gelu(Tensor x, Tensor bias, str approximate='none') -> Tensor", tags);
   // grad_x = grad * gelu'(x + bias); grad_bias = grad_x summed over the leading dims.

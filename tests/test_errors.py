@@ -47,12 +47,40 @@ def test_relu_add_backward_bad_inputs(device):
         torch.ops.fused.relu_add_backward(torch.randn(3, 4, device=device), torch.randn(4, device=device))
 
 
+def bad_relu_add_mask_inputs(device):
+    """(call, message fragment) for relu_add_with_mask and relu_add_backward_masked."""
+    grad = torch.randn(3, 7, device=device)
+    mask = lambda size, dtype=torch.uint8, on=device: torch.zeros(size, dtype=dtype, device=on)  # noqa: E731
+    cases = [
+        (lambda: torch.ops.fused.relu_add_with_mask(torch.randn(4, device=device), torch.randn(3, 4, device=device)),
+         "fused::relu_add_with_mask: expected y of shape [3, 4] to broadcast to the shape of x [4]"),
+        (lambda: torch.ops.fused.relu_add_backward_masked(grad, mask(3, torch.int32)),
+         "fused::relu_add_backward_masked: expected mask to be uint8 (the mask relu_add_with_mask returns), but got Int"),
+        (lambda: torch.ops.fused.relu_add_backward_masked(grad, mask(4)),
+         "fused::relu_add_backward_masked: expected mask to be 1-D of (grad.numel() + 7) / 8 = 3 bytes"),
+        (lambda: torch.ops.fused.relu_add_backward_masked(grad, mask((3, 1))), "expected mask to be 1-D of"),
+        (lambda: torch.ops.fused.relu_add_backward_masked(grad.long(), mask(3)),
+         "fused::relu_add_backward_masked: expected grad to be float64, float32, float16 or bfloat16, but got Long"),
+    ]
+    if device == "cuda":
+        cases.append((lambda: torch.ops.fused.relu_add_backward_masked(grad, mask(3, on="cpu")),
+                      "fused::relu_add_backward_masked: expected mask to be on the same device as grad (cuda:0), "
+                      "but got cpu"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_relu_add_mask_bad_inputs(device, case):
+    assert_bad_input_rejected(bad_relu_add_mask_inputs(device), case)
+
+
 def test_bad_inputs_never_crash_the_process(device):
     script = textwrap.dedent(f"""
         import torch, fused_ops
         import test_activations, test_errors, test_norms
         calls = [lambda args=args: torch.ops.fused.relu_add(*args)
                  for _, args, _ in test_errors.bad_relu_add_inputs({device!r})]
+        calls += [call for call, _ in test_errors.bad_relu_add_mask_inputs({device!r})]
         calls += [call for call, _ in test_activations.bad_activation_inputs({device!r})]
         calls += [call for call, _ in test_norms.bad_norm_inputs({device!r})]
         rejected = 0

@@ -28,14 +28,17 @@ def test_python_m_fused_ops_reports_everything():
     assert "CUDA kernels compiled: " + ("yes" if fused_ops.cuda_kernels_compiled() else "no") in out
     assert "fused::relu_add(Tensor x, Tensor y, float bias=0.) -> Tensor" in out
     assert "fused::relu_add_backward(Tensor grad, Tensor x) -> Tensor" in out
+    assert "fused::relu_add_with_mask(Tensor x, Tensor y, float bias=0.) -> (Tensor out, Tensor mask)" in out
+    assert "fused::relu_add_backward_masked(Tensor grad, Tensor mask) -> Tensor" in out
     assert "fused::bias_gelu(Tensor x, Tensor bias, str approximate=\"none\") -> Tensor" in out
     assert "fused::silu_mul(Tensor x) -> Tensor" in out
     assert "fused::gelu_mul(Tensor x, str approximate=\"none\") -> Tensor" in out
 
 
 def test_every_op_has_every_kernel():
-    for op in [f"fused::{name}{suffix}" for name in ("relu_add", "bias_gelu", "silu_mul", "gelu_mul")
-               for suffix in ("", "_backward")]:
+    ops = [f"fused::{name}{suffix}" for name in ("relu_add", "bias_gelu", "silu_mul", "gelu_mul")
+           for suffix in ("", "_backward")]
+    for op in ops + ["fused::relu_add_with_mask", "fused::relu_add_backward_masked"]:
         for key in ("CPU", "Meta", "Autograd"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), (op, key)
         if fused_ops.cuda_kernels_compiled():

@@ -144,3 +144,110 @@ def test_inputs_are_not_mutated(device):
     x_copy, y_copy = x.clone(), y.clone()
     torch.ops.fused.relu_add(x, y, 1.0)
     assert torch.equal(x, x_copy) and torch.equal(y, y_copy)
+
+
+def packed_bits(passes):
+    """A bool tensor as relu_add_with_mask packs it: bit e % 8 of byte e / 8 for element e (C order)."""
+    flat = passes.reshape(-1).to(device="cpu", dtype=torch.int64)
+    flat = torch.cat([flat, flat.new_zeros((-flat.numel()) % 8)]).view(-1, 8)
+    return (flat << torch.arange(8)).sum(1).to(torch.uint8)
+
+
+def with_specials(x):
+    """x with NaN, ±inf and ±0 spread through it, where the mask's rule (not x <= 0) matters."""
+    flat = x.reshape(-1)
+    specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0], dtype=x.dtype, device=x.device)
+    positions = torch.arange(0, flat.numel(), 7, device=x.device)
+    flat[positions] = specials[torch.arange(positions.numel(), device=x.device) % 5]
+    return x
+
+
+# Sizes around the CUDA kernels' paths: whole blocks (4096, 16×2048), vector slots with a partial last
+# vector and bytes (1, 3, 1023, 4097, 40003), several warps and grid-stride rounds (64×1029).
+@pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (40003,), (4096,), (16, 2048), (64, 1029),
+                                   (3, 5, 7)])
+def test_with_mask_values_and_bits(device, dtype, shape):
+    x, y = with_specials(random(shape, dtype, device)), random(shape, dtype, device)
+    out, mask = torch.ops.fused.relu_add_with_mask(x, y, 0.25)
+    assert mask.dtype == torch.uint8 and mask.shape == ((x.numel() + 7) // 8,) and mask.device == x.device
+    torch.testing.assert_close(out, torch.ops.fused.relu_add(x, y, 0.25), rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(mask.cpu(), packed_bits(~(x <= 0)))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "sliced", "unaligned", "expanded", "broadcast"])
+def test_with_mask_strided_inputs(device, dtype, layout):
+    base_x, base_y = random((67, 130), dtype, device), random((67, 130), dtype, device)
+    if layout == "transposed":
+        x, y = base_x.t(), base_y.t()
+    elif layout == "sliced":
+        x, y = base_x[::2, 1::3], base_y[::2, 2::3]
+    elif layout == "unaligned":
+        x, y = base_x.view(-1)[1:4098], base_y.view(-1)[3:4100]
+    elif layout == "expanded":
+        x, y = base_x[:, :1].expand(67, 130), base_y
+    else:
+        x, y = base_x, base_y[0]
+    out, mask = torch.ops.fused.relu_add_with_mask(x, y, 0.5)
+    assert_close_to_reference(out, reference(x, y, 0.5), dtype)
+    assert torch.equal(mask.cpu(), packed_bits(x > 0))
+
+
+@pytest.mark.parametrize("shape", [(1,), (1023,), (4097,), (40003,), (16, 2048), (64, 1029)])
+@pytest.mark.parametrize("grad_layout", ["contiguous", "transposed", "expanded", "unaligned"])
+def test_backward_masked_matches_backward_of_x(device, dtype, shape, grad_layout):
+    x = with_specials(random(shape, dtype, device))
+    _, mask = torch.ops.fused.relu_add_with_mask(x, x, 0.0)
+    if grad_layout == "contiguous":
+        grad = random(shape, dtype, device)
+    elif grad_layout == "transposed":
+        grad = random(tuple(reversed(shape)), dtype, device).permute(*reversed(range(len(shape))))
+    elif grad_layout == "expanded":  # what out.sum().backward() passes
+        grad = random((), dtype, device).expand(shape)
+    else:
+        grad = random((x.numel() + 1,), dtype, device)[1:].view(shape)
+    grad_x = torch.ops.fused.relu_add_backward_masked(grad, mask)
+    assert grad_x.shape == x.shape and grad_x.dtype == dtype and grad_x.is_contiguous()
+    expected = torch.where(~(x <= 0), grad, torch.zeros((), dtype=dtype, device=device))
+    assert torch.equal(grad_x, expected)
+    assert torch.equal(grad_x, torch.ops.fused.relu_add_backward(grad.contiguous(), x))
+
+
+def test_autograd_saves_the_bits_not_x(device, dtype):
+    x = random((33, 17), dtype, device).requires_grad_(True)
+    y = random((17,), dtype, device).requires_grad_(True)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        out = torch.ops.fused.relu_add(x, y, 0.5)
+    assert [(t.dtype, tuple(t.shape)) for t in saved] == [(torch.uint8, ((33 * 17 + 7) // 8,))]
+    assert torch.equal(saved[0].cpu(), packed_bits(x > 0))
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        torch.ops.fused.relu_add(x.detach(), y, 0.5)  # only y needs a gradient: nothing to save
+    assert saved == []
+    out.backward(torch.ones_like(out))
+    assert torch.equal(x.grad, (x > 0).to(dtype))
+
+
+def test_with_mask_gradients_and_double_backward(device):
+    x = torch.randn(6, 5, dtype=torch.float64, device=device)
+    x = (x + 0.1 * x.sign()).requires_grad_(True)
+    y = torch.randn(5, dtype=torch.float64, device=device, requires_grad=True)
+    function = lambda a, b: torch.ops.fused.relu_add_with_mask(a, b, 0.7)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(function, (x, y))
+    assert torch.autograd.gradgradcheck(function, (x, y))
+    out, mask = torch.ops.fused.relu_add_with_mask(x, y, 0.7)
+    assert not mask.requires_grad
+    grad = torch.randn(6, 5, dtype=torch.float64, device=device, requires_grad=True)
+    masked = lambda g: torch.ops.fused.relu_add_backward_masked(g, mask)  # noqa: E731
+    assert torch.autograd.gradcheck(masked, (grad,))
+    assert torch.autograd.gradgradcheck(masked, (grad,))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_of_the_mask_ops(device, dtype, requires_grad):
+    x = random((9, 17), dtype, device).requires_grad_(requires_grad)
+    y = random((17,), dtype, device).requires_grad_(requires_grad)
+    opcheck(torch.ops.fused.relu_add_with_mask.default, (x, y, 0.5))
+    _, mask = torch.ops.fused.relu_add_with_mask(x.detach(), y.detach())
+    grad = random((9, 17), dtype, device).requires_grad_(requires_grad)
+    opcheck(torch.ops.fused.relu_add_backward_masked.default, (grad, mask))

@@ -71,6 +71,38 @@ def test_compile_fullgraph_dynamic_forward_and_backward(device):
         assert_same_gradients(out, composite(x, y), (x, y))
 
 
+def test_compiled_training_graphs_save_the_bits(device):
+    """AOTAutograd traces the C++ autograd kernel: the forward graph runs relu_add_with_mask, the
+    backward relu_add_backward_masked, and what passes between them is the uint8 mask, not x."""
+    torch._dynamo.reset()
+    graphs = {}
+
+    def capture(name):
+        def compiler(graph_module, example_inputs):
+            graphs[name] = graph_module
+            return graph_module.forward
+        return compiler
+
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def boxed(name):
+        return lambda graph_module, example_inputs: make_boxed_func(capture(name)(graph_module, example_inputs))
+
+    backend = aot_autograd(fw_compiler=boxed("forward"), bw_compiler=boxed("backward"))
+    compiled = torch.compile(Model(), backend=backend, fullgraph=True)
+    x, y = inputs(device, requires_grad=True)
+    out = compiled(x, y)
+    assert_same_gradients(out, composite(x, y), (x, y))
+    forward_targets = [node.target for node in graphs["forward"].graph.nodes if node.op == "call_function"]
+    backward_targets = [node.target for node in graphs["backward"].graph.nodes if node.op == "call_function"]
+    assert torch.ops.fused.relu_add_with_mask.default in forward_targets
+    assert torch.ops.fused.relu_add_backward_masked.default in backward_targets
+    saved = [node for node in graphs["backward"].graph.nodes if node.op == "placeholder"]
+    saved_dtypes = sorted(str(node.meta["val"].dtype) for node in saved if "tangents" not in node.name)
+    assert saved_dtypes == ["torch.uint8"]
+
+
 def test_export_keeps_one_node(device):
     x, y = inputs(device)
     batch = torch.export.Dim("batch")

@@ -164,10 +164,18 @@ inline unsigned int grid_size(int64_t work_items, int threads_per_block = kThrea
   return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
 }
 
+// The default bit predicate of apply_binary_vector: no bits (the kernels that write no mask).
+struct NoMaskBits {
+  template <typename opmath_t>
+  __device__ bool operator()(opmath_t) const { return false; }
+};
+
 // out = op(a, b) over the 16-byte vector at `index`; both loads are issued before either is used.
-template <typename scalar_t, typename Op>
-__device__ __forceinline__ void apply_binary_vector(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
-                                                    const scalar_t* __restrict__ b, int64_t index, const Op& op) {
+// Returns bit_op(a) of the vector's elements, element j in bit j (cuda_masked_elementwise.cuh).
+template <typename scalar_t, typename Op, typename BitOp = NoMaskBits>
+__device__ __forceinline__ uint32_t apply_binary_vector(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
+                                                        const scalar_t* __restrict__ b, int64_t index, const Op& op,
+                                                        const BitOp& bit_op = {}) {
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   const Vec a_vector = load_vec16(a, index);
@@ -175,9 +183,14 @@ __device__ __forceinline__ void apply_binary_vector(scalar_t* __restrict__ out, 
   opmath_t a_values[Vec::kSize], b_values[Vec::kSize], results[Vec::kSize];
   unpack_vec16(a_vector, a_values);
   unpack_vec16(b_vector, b_values);
+  uint32_t bits = 0;
 #pragma unroll
-  for (int j = 0; j < Vec::kSize; ++j) results[j] = op(a_values[j], b_values[j]);
+  for (int j = 0; j < Vec::kSize; ++j) {
+    results[j] = op(a_values[j], b_values[j]);
+    bits |= uint32_t(bit_op(a_values[j])) << j;
+  }
   store_vec16(out, index, pack_vec16<scalar_t>(results));
+  return bits;
 }
 
 template <typename scalar_t, typename Op>
@@ -220,6 +233,23 @@ struct BinaryStridedLayout {
   int64_t b_strides[kMaxStridedDims];
 };
 
+// The offsets in `a` and `b` of element `linear` of the output (C order over layout.sizes).
+__device__ __forceinline__ void strided_offsets(const BinaryStridedLayout& layout, int64_t linear, int64_t& a_offset,
+                                                int64_t& b_offset) {
+  int64_t remaining = linear;
+  a_offset = 0;
+  b_offset = 0;
+#pragma unroll
+  for (int d = kMaxStridedDims - 1; d >= 0; --d) {
+    if (d < layout.dims) {
+      const int64_t coordinate = remaining % layout.sizes[d];
+      remaining /= layout.sizes[d];
+      a_offset += coordinate * layout.a_strides[d];
+      b_offset += coordinate * layout.b_strides[d];
+    }
+  }
+}
+
 template <typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_strided_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
@@ -229,18 +259,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
   for (int64_t linear = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; linear < numel;
        linear += thread_count) {
-    int64_t remaining = linear;
-    int64_t a_offset = 0;
-    int64_t b_offset = 0;
-#pragma unroll
-    for (int d = kMaxStridedDims - 1; d >= 0; --d) {
-      if (d < layout.dims) {
-        const int64_t coordinate = remaining % layout.sizes[d];
-        remaining /= layout.sizes[d];
-        a_offset += coordinate * layout.a_strides[d];
-        b_offset += coordinate * layout.b_strides[d];
-      }
-    }
+    int64_t a_offset, b_offset;
+    strided_offsets(layout, linear, a_offset, b_offset);
     out[linear] = static_cast<scalar_t>(
         op(static_cast<opmath_t>(a[a_offset]), static_cast<opmath_t>(b[b_offset])));
   }
@@ -275,6 +295,41 @@ inline bool coalesce_binary_layout(const at::Tensor& a, const at::Tensor& b,
   return true;
 }
 
+// The kernel that a binary op's operands take.
+enum class BinaryPath {
+  ExactGrid,   // dense, aligned, and whole blocks of 16-byte vectors cover every element
+  Vectorized,  // dense and aligned
+  Strided,     // anything else
+};
+
+struct BinaryOperands {
+  at::Tensor a, b;  // the inputs, or contiguous copies where they had more than kMaxStridedDims dims
+  BinaryStridedLayout layout;
+  BinaryPath path;
+};
+
+template <typename scalar_t>
+BinaryOperands binary_operands_of(const at::Tensor& a, const at::Tensor& b, const at::Tensor& out) {
+  BinaryOperands operands{a, b, {}, BinaryPath::Strided};
+  if (!coalesce_binary_layout(operands.a, operands.b, operands.layout)) {
+    // Rare: more dims than the index math unrolls for; contiguous copies coalesce to one.
+    operands.a = a.contiguous();
+    operands.b = b.expand(a.sizes()).contiguous();
+    coalesce_binary_layout(operands.a, operands.b, operands.layout);
+  }
+  const BinaryStridedLayout& layout = operands.layout;
+  const bool dense = layout.dims <= 1 && (layout.dims == 0 || (layout.a_strides[0] == 1 && layout.b_strides[0] == 1));
+  if (dense && is_aligned16(operands.a.const_data_ptr()) && is_aligned16(operands.b.const_data_ptr()) &&
+      is_aligned16(out.const_data_ptr())) {
+    const int64_t numel = out.numel();
+    const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
+    const bool whole_blocks = numel % (Vec16<scalar_t>::kSize * kThreadsPerBlock) == 0 &&
+                              num_vectors <= std::numeric_limits<int>::max();
+    operands.path = whole_blocks ? BinaryPath::ExactGrid : BinaryPath::Vectorized;
+  }
+  return operands;
+}
+
 // Op<opmath_t> is a functor `opmath_t(opmath_t a, opmath_t b)` built from `params`.
 template <template <typename> class Op, typename... Params>
 at::Tensor binary_elementwise_cuda(const at::Tensor& a, const at::Tensor& b,
@@ -283,37 +338,29 @@ at::Tensor binary_elementwise_cuda(const at::Tensor& a, const at::Tensor& b,
   at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t numel = out.numel();
   if (numel == 0) return out;
-  at::Tensor a_view = a;
-  at::Tensor b_view = b;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
 
   FUSED_DISPATCH_FLOATING_TYPES(a.scalar_type(), "binary_elementwise_cuda", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const Op<opmath_t> op{static_cast<opmath_t>(params)...};
-    BinaryStridedLayout layout;
-    if (!coalesce_binary_layout(a_view, b_view, layout)) {
-      // Rare: more dims than the index math unrolls for; contiguous copies coalesce to one.
-      a_view = a_view.contiguous();
-      b_view = b_view.expand(a.sizes()).contiguous();
-      coalesce_binary_layout(a_view, b_view, layout);
-    }
-    const scalar_t* a_data = a_view.const_data_ptr<scalar_t>();
-    const scalar_t* b_data = b_view.const_data_ptr<scalar_t>();
+    const BinaryOperands operands = binary_operands_of<scalar_t>(a, b, out);
+    const scalar_t* a_data = operands.a.const_data_ptr<scalar_t>();
+    const scalar_t* b_data = operands.b.const_data_ptr<scalar_t>();
     scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
-    const bool dense = layout.dims <= 1 && (layout.dims == 0 ||
-                                            (layout.a_strides[0] == 1 && layout.b_strides[0] == 1));
-    if (dense && is_aligned16(a_data) && is_aligned16(b_data) && is_aligned16(out_data)) {
-      const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
-      if (numel % (Vec16<scalar_t>::kSize * kThreadsPerBlock) == 0 && num_vectors <= std::numeric_limits<int>::max()) {
+    const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
+    switch (operands.path) {
+      case BinaryPath::ExactGrid:
         binary_exact_grid_kernel<scalar_t><<<num_vectors / kThreadsPerBlock, kThreadsPerBlock, 0, stream>>>(
             out_data, a_data, b_data, op);
-      } else {
+        break;
+      case BinaryPath::Vectorized:
         binary_vectorized_kernel<scalar_t><<<grid_size(num_vectors), kThreadsPerBlock, 0, stream>>>(
             out_data, a_data, b_data, numel, op);
-      }
-    } else {
-      binary_strided_kernel<scalar_t><<<grid_size(numel), kThreadsPerBlock, 0, stream>>>(
-          out_data, a_data, b_data, numel, layout, op);
+        break;
+      case BinaryPath::Strided:
+        binary_strided_kernel<scalar_t><<<grid_size(numel), kThreadsPerBlock, 0, stream>>>(
+            out_data, a_data, b_data, numel, operands.layout, op);
+        break;
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
