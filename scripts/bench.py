@@ -97,9 +97,12 @@ def workloads(device, dtypes, sizes, ops):
         for dtype in dtypes:
             for numel in sizes:
                 shape = shape_for(numel)
+                # forward: x, y in, out out. Backward: grad in, grad_x out (grad_y is grad), and the
+                # bit mask that the forward writes and the backward reads, 1/8 byte per element each way.
+                mask_elements = numel / 4 / torch.empty((), dtype=dtype).element_size()
                 yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
                     torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
-                    relu_add_fused, relu_add_composite, 3 * numel, 6 * numel)
+                    relu_add_fused, relu_add_composite, 3 * numel, 5 * numel + mask_elements)
     hidden = 8192 if device == "cuda" else 1024
     row_counts = (1, 16, 16384) if device == "cuda" else (1, 16, 256)
     for op, (fused, composite, gated) in ACTIVATIONS.items():
