@@ -44,19 +44,28 @@ def test_empty_and_zero_dim(device, dtype):
     assert_close_to_reference(out, reference(x, y, 0.5), dtype)
 
 
-@pytest.mark.parametrize("layout", ["transposed", "sliced", "unaligned", "expanded", "mixed"])
-def test_strided_inputs(device, dtype, layout):
+LAYOUTS = ["transposed", "sliced", "unaligned", "expanded", "mixed", "broadcast"]
+
+
+def strided_operands(layout, dtype, device):
+    """x and y as views that the CUDA vector paths cannot take (the general, strided kernels)."""
     base_x, base_y = random((67, 130), dtype, device), random((67, 130), dtype, device)
     if layout == "transposed":
-        x, y = base_x.t(), base_y.t()
-    elif layout == "sliced":
-        x, y = base_x[::2, 1::3], base_y[::2, 2::3]
-    elif layout == "unaligned":  # storage offset of one element: data pointer not 16-byte aligned
-        x, y = base_x.view(-1)[1:4097], base_y.view(-1)[3:4099]
-    elif layout == "expanded":
-        x, y = base_x[:, :1].expand(67, 130), base_y
-    else:
-        x, y = base_x, base_y.t().contiguous().t()
+        return base_x.t(), base_y.t()
+    if layout == "sliced":
+        return base_x[::2, 1::3], base_y[::2, 2::3]
+    if layout == "unaligned":  # storage offset of one element: data pointer not 16-byte aligned
+        return base_x.view(-1)[1:4097], base_y.view(-1)[3:4099]
+    if layout == "expanded":
+        return base_x[:, :1].expand(67, 130), base_y
+    if layout == "mixed":
+        return base_x, base_y.t().contiguous().t()
+    return base_x, base_y[0]  # broadcast: y of one row
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_strided_inputs(device, dtype, layout):
+    x, y = strided_operands(layout, dtype, device)
     out = torch.ops.fused.relu_add(x, y, 0.5)
     assert out.is_contiguous()
     assert_close_to_reference(out, reference(x, y, 0.5), dtype)
@@ -174,19 +183,9 @@ def test_with_mask_values_and_bits(device, dtype, shape):
     assert torch.equal(mask.cpu(), packed_bits(~(x <= 0)))
 
 
-@pytest.mark.parametrize("layout", ["transposed", "sliced", "unaligned", "expanded", "broadcast"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_with_mask_strided_inputs(device, dtype, layout):
-    base_x, base_y = random((67, 130), dtype, device), random((67, 130), dtype, device)
-    if layout == "transposed":
-        x, y = base_x.t(), base_y.t()
-    elif layout == "sliced":
-        x, y = base_x[::2, 1::3], base_y[::2, 2::3]
-    elif layout == "unaligned":
-        x, y = base_x.view(-1)[1:4098], base_y.view(-1)[3:4100]
-    elif layout == "expanded":
-        x, y = base_x[:, :1].expand(67, 130), base_y
-    else:
-        x, y = base_x, base_y[0]
+    x, y = strided_operands(layout, dtype, device)
     out, mask = torch.ops.fused.relu_add_with_mask(x, y, 0.5)
     assert_close_to_reference(out, reference(x, y, 0.5), dtype)
     assert torch.equal(mask.cpu(), packed_bits(x > 0))
