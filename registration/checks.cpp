@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include "../ops/common/bit_mask.h"
+
 namespace fused_ops {
 
 void check_floating(const char* op, const char* arg, const at::Tensor& tensor) {
@@ -65,7 +67,7 @@ void check_relu_add_backward_masked_arguments(const at::Tensor& grad, const at::
   check_same_device(op, "mask", mask, "grad", grad);
   TORCH_CHECK(mask.scalar_type() == at::kByte, "fused::", op,
               ": expected mask to be uint8 (the mask relu_add_with_mask returns), but got ", mask.scalar_type());
-  const c10::SymInt mask_bytes = (grad.sym_numel() + 7) / 8;
+  const c10::SymInt mask_bytes = bit_mask_bytes(grad.sym_numel());
   TORCH_CHECK(mask.dim() == 1 && mask.sym_size(0) == mask_bytes, "fused::", op,
               ": expected mask to be 1-D of (grad.numel() + 7) / 8 = ", mask_bytes,
               " bytes (one bit per element of grad), but got shape ", mask.sym_sizes());

@@ -3,6 +3,7 @@
 // entry points as the CPU and CUDA kernels.
 #include <torch/library.h>
 
+#include "../ops/common/bit_mask.h"
 #include "entry_points.h"
 
 namespace fused_ops {
@@ -15,7 +16,7 @@ at::Tensor like_contiguous(const at::Tensor& tensor) {
 at::Tensor relu_add_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
 at::Tensor relu_add_backward_meta(const at::Tensor& grad, const at::Tensor&) { return like_contiguous(grad); }
 std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_meta(const at::Tensor& x, const at::Tensor&, double) {
-  return {like_contiguous(x), at::empty_symint({(x.sym_numel() + 7) / 8}, x.options().dtype(at::kByte))};
+  return {like_contiguous(x), at::empty_symint({bit_mask_bytes(x.sym_numel())}, x.options().dtype(at::kByte))};
 }
 at::Tensor relu_add_backward_masked_meta(const at::Tensor& grad, const at::Tensor&) { return like_contiguous(grad); }
 at::Tensor bias_gelu_meta(const at::Tensor& x, const at::Tensor&, GeluApproximation) {

@@ -5,6 +5,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include "bit_mask.h"
 #include "dtype_dispatch.h"
 
 namespace fused_ops {
@@ -39,7 +40,7 @@ template <template <typename> class BitOp>
 at::Tensor bit_mask_cpu(const at::Tensor& a) {
   const at::Tensor a_contiguous = a.contiguous();
   const int64_t numel = a.numel();
-  at::Tensor mask = at::empty({(numel + 7) / 8}, a.options().dtype(at::kByte));
+  at::Tensor mask = at::empty({bit_mask_bytes(numel)}, a.options().dtype(at::kByte));
   FUSED_DISPATCH_FLOATING_TYPES(a.scalar_type(), "bit_mask_cpu", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
     const BitOp<opmath_t> bit_op{};

@@ -9,12 +9,11 @@
 // backward on the strided path (say, an expanded grad) agree.
 #include <tuple>
 
+#include "bit_mask.h"
 #include "cuda_elementwise.cuh"
 
 namespace fused_ops {
 namespace cuda {
-
-inline int64_t bit_mask_bytes(int64_t numel) { return (numel + 7) / 8; }
 
 constexpr unsigned kFullWarp = 0xffffffffu;
 
