@@ -106,35 +106,20 @@ class ReluAddWithMaskFunction : public torch::autograd::Function<ReluAddWithMask
   }
 };
 
-// relu_add_backward_masked is linear in `grad`; the mask has no gradient.
-class ReluAddBackwardMaskedFunction : public torch::autograd::Function<ReluAddBackwardMaskedFunction> {
+// Both relu_add backward ops are linear in `grad` and piecewise constant in their second input (x,
+// or the mask made from it), so each is its own gradient w.r.t. grad and has none w.r.t. the other.
+template <at::Tensor (*kBackward)(const at::Tensor&, const at::Tensor&)>
+class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackwardFunction<kBackward>> {
  public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& mask) {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& x_or_mask) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({mask});
-    return call_relu_add_backward_masked(grad, mask);
+    ctx->save_for_backward({x_or_mask});
+    return kBackward(grad, x_or_mask);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     at::Tensor grad_grad;
-    if (ctx->needs_input_grad(0)) grad_grad = call_relu_add_backward_masked(grad_outputs[0], ctx->get_saved_variables()[0]);
-    return {grad_grad, at::Tensor()};
-  }
-};
-
-// relu_add_backward is linear in `grad` and piecewise constant in `x`.
-class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackwardFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& x) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x});
-    return call_relu_add_backward(grad, x);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const at::Tensor x = ctx->get_saved_variables()[0];
-    at::Tensor grad_grad;
-    if (ctx->needs_input_grad(0)) grad_grad = call_relu_add_backward(grad_outputs[0], x);
+    if (ctx->needs_input_grad(0)) grad_grad = kBackward(grad_outputs[0], ctx->get_saved_variables()[0]);
     return {grad_grad, at::Tensor()};
   }
 };
@@ -237,7 +222,7 @@ at::Tensor relu_add_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_relu_add_backward(grad, x);
   }
-  return ReluAddBackwardFunction::apply(grad, x);
+  return ReluAddBackwardFunction<call_relu_add_backward>::apply(grad, x);
 }
 
 std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
@@ -254,7 +239,7 @@ at::Tensor relu_add_backward_masked_autograd(const at::Tensor& grad, const at::T
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     return call_relu_add_backward_masked(grad, mask);
   }
-  return ReluAddBackwardMaskedFunction::apply(grad, mask);
+  return ReluAddBackwardFunction<call_relu_add_backward_masked>::apply(grad, mask);
 }
 
 

@@ -105,7 +105,7 @@ def workloads(device, dtypes, sizes, ops):
                 shape = shape_for(numel)
                 # forward: x, y in, out out. Backward: grad in, grad_x out (grad_y is grad), and the
                 # bit mask that the forward writes and the backward reads, 1/8 byte per element each way.
-                mask_elements = numel / 4 / torch.empty((), dtype=dtype).element_size()
+                mask_elements = numel / 4 / dtype.itemsize
                 yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
                     torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
                     relu_add_fused, relu_add_composite, 3 * numel, 5 * numel + mask_elements)
