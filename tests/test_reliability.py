@@ -109,6 +109,80 @@ def test_side_stream(spec):
     assert_matches_reference(spec, inputs, out, options)
 
 
+CHAIN_STEPS = 5
+
+
+def chain_inputs(spec, shape, options, device):
+    """The first call's inputs, then each later call's own trailing inputs (y, bias, weight), and how
+    many leading inputs the outputs replace. Every leaf is used once, so autograd adds no gradients
+    up: under graph capture that addition would wait on the legacy default stream."""
+    first = random_inputs(spec, shape, torch.float32, device)
+    leading = len(as_outputs(spec.call(first, **options)))
+    later = [random_inputs(spec, shape, torch.float32, device)[leading:] for _ in range(CHAIN_STEPS - 1)]
+    return [first, *later], leading
+
+
+def chained_calls(spec, step_inputs, leading, options, call):
+    """CHAIN_STEPS calls, each on the outputs of the one before with no other kernel between them:
+    the outputs, viewed as rows of the first input's width, are the next call's x (and residual).
+    The gated ops halve the rows at every step."""
+    current = list(step_inputs[0])
+    for later in step_inputs[1:]:
+        width = current[0].shape[-1]
+        current = [out.view(-1, width) for out in as_outputs(call(*current, **options))] + list(later)
+    return as_outputs(call(*current, **options))
+
+
+def assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options):
+    inputs64 = [[t.detach().double().cpu().requires_grad_(True) for t in inputs] for inputs in step_inputs]
+    expected = chained_calls(spec, inputs64, leading, options, spec.reference)
+    leaves64 = [t for inputs in inputs64 for t in inputs]
+    expected_grads = torch.autograd.grad(expected, leaves64, [g.double().cpu() for g in grad_outs])
+    for actual, want in [*zip(outs, expected, strict=True), *zip(grads, expected_grads, strict=True)]:
+        # relative to the largest value: the gated chains shrink theirs to about 1e-10
+        torch.testing.assert_close(actual.double().cpu(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@needs_cuda
+@pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
+@pytest.mark.parametrize("timing", ["eager", "graph"])
+def test_back_to_back_dependent_calls(spec, timing):
+    """Each kernel reads what the kernel just before it wrote and overwrites memory that kernel freed:
+    on sm_90 the kernels launch as programmatic dependents (ops/common/cuda_launch.cuh), so a kernel
+    that touched memory before its griddepcontrol.wait would read stale values here. A CUDA graph
+    replays small calls back to back; eager, rows of 2048 keep the GPU's queue full."""
+    options = default_options(spec)
+    shape = (256, 512) if timing == "graph" else (1024, 2048)
+    step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
+    leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
+    probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
+    grad_outs = [torch.randn(out.shape).cuda() for out in probe]
+
+    def step():
+        outs = chained_calls(spec, step_inputs, leading, options, spec.fused)
+        return outs, torch.autograd.grad(outs, leaves, grad_outs)
+
+    if timing == "eager":
+        outs, grads = step()
+        assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options)
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs, grads = step()
+    for _ in range(2):
+        with torch.no_grad():
+            for leaf in leaves:
+                leaf.copy_(torch.randn(leaf.shape))
+        graph.replay()
+        assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options)
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 def test_second_gpu(spec):

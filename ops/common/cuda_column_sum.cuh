@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "cuda_launch.cuh"
+
 namespace fused_ops {
 namespace cuda {
 
@@ -18,6 +20,7 @@ constexpr int kRowGroups = 16;  // blockDim = (kColumnsPerBlock, kRowGroups)
 template <typename acc_t, typename out_t>
 __global__ void column_sum_kernel(const acc_t* partials, int64_t parts, int64_t columns, out_t* first_sums,
                                   out_t* second_sums) {
+  begin_dependent_kernel();
   __shared__ acc_t shared[kRowGroups][kColumnsPerBlock];
   const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
   const acc_t* matrix = partials + blockIdx.y * parts * columns;
@@ -41,8 +44,8 @@ inline unsigned int column_sum_blocks(int64_t columns) {
 template <typename acc_t, typename out_t>
 void launch_column_sums(const acc_t* partials, int matrices, int64_t parts, int64_t columns, out_t* first_sums,
                         out_t* second_sums, cudaStream_t stream) {
-  column_sum_kernel<<<dim3(column_sum_blocks(columns), matrices), dim3(kColumnsPerBlock, kRowGroups), 0, stream>>>(
-      partials, parts, columns, first_sums, second_sums);
+  launch_kernel(column_sum_kernel<acc_t, out_t>, dim3(column_sum_blocks(columns), matrices),
+                dim3(kColumnsPerBlock, kRowGroups), 0, stream, partials, parts, columns, first_sums, second_sums);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

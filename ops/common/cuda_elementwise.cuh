@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "cuda_launch.cuh"
 #include "dtype_dispatch.h"
 
 namespace fused_ops {
@@ -197,6 +198,7 @@ template <typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_vectorized_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
                              const scalar_t* __restrict__ b, int64_t numel, Op op) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   const int64_t num_vectors = numel / Vec::kSize;
@@ -222,6 +224,7 @@ template <typename scalar_t, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_exact_grid_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
                              const scalar_t* __restrict__ b, Op op) {
+  begin_dependent_kernel();
   const int index = blockIdx.x * kThreadsPerBlock + threadIdx.x;
   apply_binary_vector(out, a, b, index, op);
 }
@@ -255,6 +258,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_strided_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ a,
                           const scalar_t* __restrict__ b, int64_t numel,
                           BinaryStridedLayout layout, Op op) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
   for (int64_t linear = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; linear < numel;
@@ -350,16 +354,16 @@ at::Tensor binary_elementwise_cuda(const at::Tensor& a, const at::Tensor& b,
     const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
     switch (operands.path) {
       case BinaryPath::ExactGrid:
-        binary_exact_grid_kernel<scalar_t><<<num_vectors / kThreadsPerBlock, kThreadsPerBlock, 0, stream>>>(
-            out_data, a_data, b_data, op);
+        launch_kernel(binary_exact_grid_kernel<scalar_t, Op<opmath_t>>, num_vectors / kThreadsPerBlock,
+                      kThreadsPerBlock, 0, stream, out_data, a_data, b_data, op);
         break;
       case BinaryPath::Vectorized:
-        binary_vectorized_kernel<scalar_t><<<grid_size(num_vectors), kThreadsPerBlock, 0, stream>>>(
-            out_data, a_data, b_data, numel, op);
+        launch_kernel(binary_vectorized_kernel<scalar_t, Op<opmath_t>>, grid_size(num_vectors), kThreadsPerBlock,
+                      0, stream, out_data, a_data, b_data, numel, op);
         break;
       case BinaryPath::Strided:
-        binary_strided_kernel<scalar_t><<<grid_size(numel), kThreadsPerBlock, 0, stream>>>(
-            out_data, a_data, b_data, numel, operands.layout, op);
+        launch_kernel(binary_strided_kernel<scalar_t, Op<opmath_t>>, grid_size(numel), kThreadsPerBlock, 0, stream,
+                      out_data, a_data, b_data, numel, operands.layout, op);
         break;
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();

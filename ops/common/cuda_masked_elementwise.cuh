@@ -56,6 +56,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_exact_grid_with_mask_kernel(scalar_t* __restrict__ out, uint8_t* __restrict__ mask,
                                        const scalar_t* __restrict__ a, const scalar_t* __restrict__ b, int64_t numel,
                                        Op op, BitOp bit_op) {
+  begin_dependent_kernel();
   constexpr int kSize = Vec16<scalar_t>::kSize;
   const int index = blockIdx.x * kThreadsPerBlock + threadIdx.x;
   const uint32_t bits = apply_binary_vector(out, a, b, index, op, bit_op);
@@ -69,6 +70,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_vectorized_with_mask_kernel(scalar_t* __restrict__ out, uint8_t* __restrict__ mask,
                                        const scalar_t* __restrict__ a, const scalar_t* __restrict__ b, int64_t numel,
                                        Op op, BitOp bit_op) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kSize = Vec16<scalar_t>::kSize;
   const int64_t num_vectors = numel / kSize;
@@ -98,6 +100,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
     binary_strided_with_mask_kernel(scalar_t* __restrict__ out, uint8_t* __restrict__ mask,
                                     const scalar_t* __restrict__ a, const scalar_t* __restrict__ b, int64_t numel,
                                     BinaryStridedLayout layout, Op op, BitOp bit_op) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   const int lane = threadIdx.x % 32;
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
@@ -132,6 +135,7 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     masked_exact_grid_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ grad,
                              const uint8_t* __restrict__ mask) {
+  begin_dependent_kernel();
   apply_masked_vector(out, grad, mask, blockIdx.x * kThreadsPerBlock + threadIdx.x);
 }
 
@@ -139,6 +143,7 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     masked_vectorized_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ grad,
                              const uint8_t* __restrict__ mask, int64_t numel) {
+  begin_dependent_kernel();
   const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
   const int64_t thread = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
@@ -151,6 +156,7 @@ template <typename scalar_t>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     masked_strided_kernel(scalar_t* __restrict__ out, const scalar_t* __restrict__ grad,
                           const uint8_t* __restrict__ mask, int64_t numel, BinaryStridedLayout layout) {
+  begin_dependent_kernel();
   const int64_t thread_count = int64_t(gridDim.x) * blockDim.x;
   for (int64_t linear = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; linear < numel; linear += thread_count) {
     int64_t grad_offset, unused_offset;
@@ -183,18 +189,19 @@ std::tuple<at::Tensor, at::Tensor> binary_elementwise_with_mask_cuda(const at::T
     constexpr int kSize = Vec16<scalar_t>::kSize;
     switch (operands.path) {
       case BinaryPath::ExactGrid:
-        binary_exact_grid_with_mask_kernel<scalar_t>
-            <<<numel / kSize / kThreadsPerBlock, kThreadsPerBlock, 0, stream>>>(out_data, mask_data, a_data, b_data,
-                                                                              numel, op, bit_op);
+        launch_kernel(binary_exact_grid_with_mask_kernel<scalar_t, Op<opmath_t>, BitOp<opmath_t>>,
+                      numel / kSize / kThreadsPerBlock, kThreadsPerBlock, 0, stream, out_data, mask_data, a_data, b_data,
+                      numel, op, bit_op);
         break;
       case BinaryPath::Vectorized:
-        binary_vectorized_with_mask_kernel<scalar_t>
-            <<<grid_size((numel + kSize - 1) / kSize), kThreadsPerBlock, 0, stream>>>(out_data, mask_data, a_data,
-                                                                                      b_data, numel, op, bit_op);
+        launch_kernel(binary_vectorized_with_mask_kernel<scalar_t, Op<opmath_t>, BitOp<opmath_t>>,
+                      grid_size((numel + kSize - 1) / kSize), kThreadsPerBlock, 0, stream, out_data, mask_data, a_data,
+                      b_data, numel, op, bit_op);
         break;
       case BinaryPath::Strided:
-        binary_strided_with_mask_kernel<scalar_t><<<grid_size(numel), kThreadsPerBlock, 0, stream>>>(
-            out_data, mask_data, a_data, b_data, numel, operands.layout, op, bit_op);
+        launch_kernel(binary_strided_with_mask_kernel<scalar_t, Op<opmath_t>, BitOp<opmath_t>>, grid_size(numel),
+                      kThreadsPerBlock, 0, stream, out_data, mask_data, a_data, b_data, numel, operands.layout, op,
+                      bit_op);
         break;
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -221,16 +228,16 @@ inline at::Tensor masked_gradient_cuda(const at::Tensor& grad, const at::Tensor&
     const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
     switch (operands.path) {
       case BinaryPath::ExactGrid:
-        masked_exact_grid_kernel<scalar_t><<<num_vectors / kThreadsPerBlock, kThreadsPerBlock, 0, stream>>>(
-            out_data, grad_data, mask_data);
+        launch_kernel(masked_exact_grid_kernel<scalar_t>, num_vectors / kThreadsPerBlock, kThreadsPerBlock, 0, stream,
+                      out_data, grad_data, mask_data);
         break;
       case BinaryPath::Vectorized:
-        masked_vectorized_kernel<scalar_t><<<grid_size(num_vectors), kThreadsPerBlock, 0, stream>>>(
-            out_data, grad_data, mask_data, numel);
+        launch_kernel(masked_vectorized_kernel<scalar_t>, grid_size(num_vectors), kThreadsPerBlock, 0, stream,
+                      out_data, grad_data, mask_data, numel);
         break;
       case BinaryPath::Strided:
-        masked_strided_kernel<scalar_t><<<grid_size(numel), kThreadsPerBlock, 0, stream>>>(
-            out_data, grad_data, mask_data, numel, operands.layout);
+        launch_kernel(masked_strided_kernel<scalar_t>, grid_size(numel), kThreadsPerBlock, 0, stream, out_data,
+                      grad_data, mask_data, numel, operands.layout);
         break;
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();

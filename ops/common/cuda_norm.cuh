@@ -336,6 +336,7 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kLoadsBeforeStores = false>
 __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMaxThreads)
     norm_forward_cached_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, kLoadsBeforeStores>(p);
 }
 
@@ -346,6 +347,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
 // the bound alone spilled 64-104 bytes (docs/benchmarks.md Change 19).
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads, 3) norm_forward_cached_three_blocks_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false, true>(p);
 }
 
@@ -355,6 +357,7 @@ __global__ void __launch_bounds__(kNormMaxThreads, 3) norm_forward_cached_three_
 // one block on the plain kernel changes ptxas's choices (bf16 four packs 64 -> 80 registers).
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_first_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, true>(p);
 }
 
@@ -521,6 +524,7 @@ __device__ __forceinline__ void add_cluster_residual(const ClusterRowPacks& pack
 // row of 8192 0.12 us faster on an H200 bf16, and 0.06 us slower with a residual (Change 13).
 template <typename scalar_t, typename weight_t, int kWidth, int kPacks, bool kWeightFirst>
 __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using acc_t = at::opmath_type<scalar_t>;
@@ -577,6 +581,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
 // design lose (Change 11: layer_norm 1 x 8192 2.56 -> 2.81 us); pushed, it gains (Change 18).
 template <typename scalar_t, typename weight_t, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_cluster_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using acc_t = at::opmath_type<scalar_t>;
@@ -644,6 +649,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_clust
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kRowStatistics>
 __global__ void __launch_bounds__(kClusterBlockThreads)
     norm_backward_cluster_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* statistics) {
+  begin_dependent_kernel();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   using acc_t = at::opmath_type<scalar_t>;
@@ -764,6 +770,7 @@ template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int 
 __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kKind> : kNormMaxThreads)
     norm_backward_cached_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
                                 at::opmath_type<scalar_t>* bias_partials, at::opmath_type<scalar_t>* row_statistics) {
+  begin_dependent_kernel();
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kRowStatistics || (!kSharedSums && !kStaged), "row statistics replace the column sums");
   // Decode rows (one per block) of up to two packs per thread load weight and grad_residual with x
@@ -983,6 +990,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
 __global__ void __launch_bounds__(kLongRowThreads) norm_forward_long_row_kernel(NormForwardProblem p) {
+  begin_dependent_kernel();
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
@@ -1052,6 +1060,7 @@ __global__ void __launch_bounds__(kLongRowThreads) norm_forward_long_row_kernel(
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
 __global__ void __launch_bounds__(kLongRowThreads)
     norm_backward_long_row_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* statistics) {
+  begin_dependent_kernel();
   using acc_t = at::opmath_type<scalar_t>;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;
@@ -1116,6 +1125,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
 template <typename scalar_t, typename weight_t, NormKind kKind, int kGroups>
 __global__ void __launch_bounds__(kColumnsPerBlock * kGroups)
     weight_grad_kernel(NormBackwardProblem p, const at::opmath_type<scalar_t>* statistics) {
+  begin_dependent_kernel();
   using acc_t = at::opmath_type<scalar_t>;
   __shared__ acc_t shared[2][kGroups][kColumnsPerBlock];
   const int64_t column = int64_t(blockIdx.x) * kColumnsPerBlock + threadIdx.x;
@@ -1164,8 +1174,8 @@ void launch_weight_grad(const NormBackwardProblem& p, const at::Tensor& statisti
   auto kernel = groups == 4   ? weight_grad_kernel<scalar_t, weight_t, kKind, 4>
                 : groups == 8 ? weight_grad_kernel<scalar_t, weight_t, kKind, 8>
                               : weight_grad_kernel<scalar_t, weight_t, kKind, kRowGroups>;
-  kernel<<<column_sum_blocks(p.columns), dim3(kColumnsPerBlock, groups), 0, stream>>>(
-      p, statistics.const_data_ptr<at::opmath_type<scalar_t>>());
+  launch_kernel(kernel, column_sum_blocks(p.columns), dim3(kColumnsPerBlock, groups), 0, stream, p,
+                statistics.const_data_ptr<at::opmath_type<scalar_t>>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1357,19 +1367,18 @@ template <typename... Arguments>
 bool cluster_launch(void (*kernel)(Arguments...), int64_t blocks, int64_t clusters, cudaStream_t stream,
                     Arguments... arguments) {
   if (!compiled_for_clusters(kernel)) return false;
-  cudaLaunchAttribute cluster_shape;
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = static_cast<unsigned int>(blocks);
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchAttribute attributes[2];  // the cluster shape, and room for launch_kernel_with's
+  attributes[0].id = cudaLaunchAttributeClusterDimension;
+  attributes[0].val.clusterDim.x = static_cast<unsigned int>(blocks);
+  attributes[0].val.clusterDim.y = 1;
+  attributes[0].val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned int>(blocks * clusters));
   config.blockDim = dim3(kClusterBlockThreads);
   config.dynamicSmemBytes = 0;
   config.stream = stream;
-  config.attrs = &cluster_shape;
   config.numAttrs = 1;
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, arguments...));
+  launch_kernel_with(config, attributes, true, kernel, arguments...);
   return true;
 }
 
@@ -1445,11 +1454,11 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
             // With a residual, loads first: one memory latency per row instead of one per pack.
             if (residual_loads_first) {
               if constexpr (kPacks >= 2) {
-                norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
-                    <<<grid, config.threads, 0, stream>>>(p);
+                launch_kernel(norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
+                              config.threads, 0, stream, p);
               } else {
-                norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>
-                    <<<grid, config.threads, 0, stream>>>(p);
+                launch_kernel(norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>, grid,
+                              config.threads, 0, stream, p);
               }
               return;
             }
@@ -1459,16 +1468,17 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
           if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<weight_t, scalar_t> &&
                         kWidth == 8 && kPacks == 4) {
             if (p.rows >= 1024 && config.threads == kNormMaxThreads) {
-              norm_forward_cached_three_blocks_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>
-                  <<<grid, config.threads, 0, stream>>>(p);
+              launch_kernel(norm_forward_cached_three_blocks_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
+                            config.threads, 0, stream, p);
               return;
             }
           }
-          norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks><<<grid, config.threads, 0, stream>>>(p);
+          launch_kernel(norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid, config.threads, 0,
+                        stream, p);
         });
       } else {
-        norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
-            <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p);
+        launch_kernel(norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>, row_grid(p.rows), kLongRowThreads,
+                      0, stream, p);
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -1512,7 +1522,9 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
           const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
           acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
           acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
-          kernel<<<grid, config.threads, shared_bytes, stream>>>(p, weight_partials, bias_partials, nullptr);
+          // Blocks of one row each may start early like any other kernel.
+          launch_kernel_at(p.rows <= blocks, kernel, grid, config.threads, shared_bytes, stream, p, weight_partials,
+                           bias_partials, nullptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           if (grid > 1) {
             launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
@@ -1545,9 +1557,9 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
             // in partial rows by the rows' few blocks. H200, bf16 16x8192 fwd+bwd kernels:
             // add_layer_norm 11.3 -> 8.3 us, rms_norm 7.9 -> 6.8 (docs/benchmarks.md, Change 9).
             const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
-            norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, false, true>
-                <<<static_cast<unsigned int>(p.rows), config.threads, 0, stream>>>(
-                    p, nullptr, nullptr, statistics.mutable_data_ptr<acc_t>());
+            launch_kernel(norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, false, false, true>,
+                          static_cast<unsigned int>(p.rows), config.threads, 0, stream, p, nullptr, nullptr,
+                          statistics.mutable_data_ptr<acc_t>());
             C10_CUDA_KERNEL_LAUNCH_CHECK();
             launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
             return;
@@ -1567,8 +1579,8 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
       }
       if (!cached) {
         const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
-        norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>
-            <<<row_grid(p.rows), kLongRowThreads, 0, stream>>>(p, statistics.mutable_data_ptr<acc_t>());
+        launch_kernel(norm_backward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>, row_grid(p.rows),
+                      kLongRowThreads, 0, stream, p, statistics.mutable_data_ptr<acc_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
       }

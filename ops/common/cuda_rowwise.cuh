@@ -118,6 +118,7 @@ template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, type
           typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_vectorized_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, sum_t* column_sums) {
+  begin_dependent_kernel();
   constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
@@ -174,6 +175,7 @@ template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, type
           bool kExactGrid, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_decode_kernel(DecodeProblem<kInputs, kOutputs> decode, Op op, sum_t* column_sums) {
+  begin_dependent_kernel();
   constexpr bool kSumFirstOutput = !std::is_void_v<sum_t>;
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = fused_ops::cuda::Vec<scalar_t, kVectorBytes>;
@@ -222,6 +224,7 @@ __device__ __forceinline__ void add_lane_sums(opmath_t (&lane_sums)[kFewRowsLane
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_few_rows_column_sums_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op, scalar_t* column_sums) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   __shared__ opmath_t lane_sums[kFewRowsLanes][kFewRowsVectorsPerBlock][Vec::kSize];
@@ -253,6 +256,7 @@ constexpr int64_t kMaxFewRowsDecode = 2 * kFewRowsLanes;
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_few_rows_decode_column_sums_kernel(DecodeProblem<kInputs, kOutputs> decode, Op op, scalar_t* column_sums) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   using Vec = Vec16<scalar_t>;
   __shared__ opmath_t lane_sums[kFewRowsLanes][kFewRowsVectorsPerBlock][Vec::kSize];
@@ -275,6 +279,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
     rowwise_strided_kernel(RowwiseProblem<kInputs, kOutputs> problem, Op op) {
+  begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   for (int64_t column = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; column < problem.columns;
        column += int64_t(gridDim.x) * blockDim.x) {
@@ -353,8 +358,8 @@ void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const O
   if (row_groups > kMaxGridRows || !offsets_fit_in_int(problem)) {
     const dim3 grid(grid_size(problem.columns / Vec16<scalar_t>::kSize, kSmallGridThreadsPerBlock),
                     static_cast<unsigned int>(std::min(row_groups, kMaxGridRows)));
-    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, 16>
-        <<<grid, kSmallGridThreadsPerBlock, 0, stream>>>(problem, op, column_sums);
+    launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, 16, Op>, grid,
+                  kSmallGridThreadsPerBlock, 0, stream, problem, op, column_sums);
     return;
   }
   const int elements = decode_elements_per_thread(problem.rows * problem.columns, Vec16<scalar_t>::kSize);
@@ -364,11 +369,11 @@ void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const O
     const dim3 grid(grid_size(vectors_per_row, kDecodeThreadsPerBlock), static_cast<unsigned int>(row_groups));
     const DecodeProblem<kInputs, kOutputs> decode = decode_problem_of(problem, vectors_per_row);
     if (vectors_per_row % kDecodeThreadsPerBlock == 0) {
-      rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes, true>
-          <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(decode, op, column_sums);
+      launch_kernel(rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes, true, Op>,
+                    grid, kDecodeThreadsPerBlock, 0, stream, decode, op, column_sums);
     } else {
-      rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes, false>
-          <<<grid, kDecodeThreadsPerBlock, 0, stream>>>(decode, op, column_sums);
+      launch_kernel(rowwise_decode_kernel<scalar_t, kInputs, kOutputs, kRowsPerThread, sum_t, kVectorBytes, false, Op>,
+                    grid, kDecodeThreadsPerBlock, 0, stream, decode, op, column_sums);
     }
   });
 }
@@ -407,14 +412,15 @@ void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem
       if (row_groups * column_blocks >= 4 * int64_t(sm_count())) {
         const int64_t grid_rows = (row_groups + row_groups_per_thread - 1) / row_groups_per_thread;
         const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(grid_rows, kMaxGridRows)));
-        rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void, 16>
-            <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, nullptr);
+        launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void, 16, Op<opmath_t>>,
+                      grid, kThreadsPerBlock, 0, stream, problem, op, nullptr);
       } else {
         launch_small_grid<scalar_t, 1>(problem, op, static_cast<void*>(nullptr), stream);
       }
     } else {
       const dim3 grid(grid_size(problem.columns), static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
-      rowwise_strided_kernel<scalar_t><<<grid, kThreadsPerBlock, 0, stream>>>(problem, op);
+      launch_kernel(rowwise_strided_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>, grid, kThreadsPerBlock, 0, stream,
+                    problem, op);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -462,14 +468,15 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
       if (problem.rows <= kMaxFewRowsDecode && vectors_per_row % kFewRowsVectorsPerBlock == 0 &&
           offsets_fit_in_int(problem)) {
         const DecodeProblem<kInputs, kOutputs> decode = decode_problem_of(problem, vectors_per_row);
-        rowwise_few_rows_decode_column_sums_kernel<scalar_t>
-            <<<static_cast<unsigned int>(vectors_per_row / kFewRowsVectorsPerBlock), block, 0, stream>>>(
-                decode, op, column_sums.mutable_data_ptr<scalar_t>());
+        launch_kernel(rowwise_few_rows_decode_column_sums_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>,
+                      static_cast<unsigned int>(vectors_per_row / kFewRowsVectorsPerBlock), block, 0, stream, decode, op,
+                      column_sums.mutable_data_ptr<scalar_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         return;
       }
-      rowwise_few_rows_column_sums_kernel<scalar_t><<<grid_size(vectors_per_row, kFewRowsVectorsPerBlock), block, 0,
-                                                      stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      launch_kernel(rowwise_few_rows_column_sums_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>,
+                    grid_size(vectors_per_row, kFewRowsVectorsPerBlock), block, 0, stream, problem, op,
+                    column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
@@ -481,16 +488,16 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
         1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
     const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
     if (row_blocks == 1) {  // one block row (rows of millions of columns): it writes the sums itself
-      rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t, 16>
-          <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t, 16, Op<opmath_t>>,
+                    grid, kThreadsPerBlock, 0, stream, problem, op, column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
     const at::Tensor partials =
         at::empty({row_blocks, problem.columns}, column_sums.options().dtype(c10::CppTypeToScalarType<opmath_t>::value));
     opmath_t* partial_rows = partials.mutable_data_ptr<opmath_t>();
-    rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, opmath_t, 16>
-        <<<grid, kThreadsPerBlock, 0, stream>>>(problem, op, partial_rows);
+    launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, opmath_t, 16, Op<opmath_t>>,
+                  grid, kThreadsPerBlock, 0, stream, problem, op, partial_rows);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launch_column_sums(partial_rows, 1, row_blocks, problem.columns, column_sums.mutable_data_ptr<scalar_t>(),
                        static_cast<scalar_t*>(nullptr), stream);

@@ -1,0 +1,89 @@
+#pragma once
+// Every kernel of the library launches through launch_kernel (or cluster_launch, cuda_norm.cuh) with
+// programmatic dependent launch on sm_90 and newer: the GPU may start a kernel's blocks while the
+// kernel before it in the stream is still finishing, which hides most of the gap between two short
+// kernels (CUDA-graph replays of decode-sized calls). Correctness rests on one rule: every kernel
+// calls begin_dependent_kernel() before its first global memory access. griddepcontrol.wait returns
+// once the previous kernel has completed and its writes are visible, so nothing is read early and
+// nothing the previous kernel still reads is overwritten; without the launch attribute (older GPUs,
+// FUSED_OPS_PROGRAMMATIC_LAUNCH=0) both instructions do nothing.
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include <cuda_runtime.h>
+
+#include "cuda_device.cuh"
+
+namespace fused_ops {
+namespace cuda {
+
+__device__ __forceinline__ void begin_dependent_kernel() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  // The next kernel may now be scheduled once every block of this one has started; it waits in its
+  // own begin_dependent_kernel until this grid completes.
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+#endif
+}
+
+// Read per launch while this is an experiment (scripts/experiments/switch_ab.py alternates it).
+inline bool programmatic_launch_enabled() {
+  const char* setting = std::getenv("FUSED_OPS_PROGRAMMATIC_LAUNCH");
+  if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> major_at_least_9[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  const int device = c10::cuda::current_device();
+  if (device >= kMaxDevices) return compute_capability_major(device) >= 9;
+  int known = major_at_least_9[device].load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = compute_capability_major(device) >= 9 ? 1 : -1;
+    major_at_least_9[device].store(known, std::memory_order_relaxed);
+  }
+  return known > 0;
+}
+
+// `attributes` has room for the caller's attributes plus the programmatic-launch one, appended here
+// when `early` and the GPU has it.
+template <typename... Parameters, typename... Arguments>
+void launch_kernel_with(cudaLaunchConfig_t config, cudaLaunchAttribute* attributes, bool early,
+                        void (*kernel)(Parameters...), Arguments&&... arguments) {
+  if (early && programmatic_launch_enabled()) {
+    cudaLaunchAttribute& programmatic = attributes[config.numAttrs];
+    programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    programmatic.val.programmaticStreamSerializationAllowed = 1;
+    config.numAttrs += 1;
+  }
+  config.attrs = attributes;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...));
+}
+
+// early = false for a persistent grid (blocks sized to fill the GPU once, each striding over the
+// rows): launched early, its blocks land on the SMs the previous kernel leaves first, some SMs take
+// more of them than others, and the rows are split by block, not by SM. H200, bf16 16384x8192
+// add_layer_norm forward + backward 574.5 -> 609.4 us launched early (docs/benchmarks.md Change 21).
+// Its own dependents may still start early.
+template <typename... Parameters, typename... Arguments>
+void launch_kernel_at(bool early, void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
+                      cudaStream_t stream, Arguments&&... arguments) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  cudaLaunchAttribute attributes[1];
+  launch_kernel_with(config, attributes, early, kernel, std::forward<Arguments>(arguments)...);
+}
+
+template <typename... Parameters, typename... Arguments>
+void launch_kernel(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
+                   Arguments&&... arguments) {
+  launch_kernel_at(true, kernel, grid, block, shared_bytes, stream, std::forward<Arguments>(arguments)...);
+}
+
+}  // namespace cuda
+}  // namespace fused_ops
