@@ -156,7 +156,7 @@ def test_back_to_back_dependent_calls(spec, timing):
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
     leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
     probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
-    grad_outs = [torch.randn(out.shape).cuda() for out in probe]
+    grad_outs = [torch.randn(out.shape, device="cuda") for out in probe]
 
     def step():
         outs = chained_calls(spec, step_inputs, leading, options, spec.fused)

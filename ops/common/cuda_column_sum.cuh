@@ -43,8 +43,8 @@ inline unsigned int column_sum_blocks(int64_t columns) {
 // Sums `matrices` (1 or 2) partial matrices of [parts, columns] into first_sums (and second_sums).
 template <typename acc_t, typename out_t>
 void launch_column_sums(const acc_t* partials, int matrices, int64_t parts, int64_t columns, out_t* first_sums,
-                        out_t* second_sums, cudaStream_t stream) {
-  launch_kernel(column_sum_kernel<acc_t, out_t>, dim3(column_sum_blocks(columns), matrices),
+                        out_t* second_sums, cudaStream_t stream, bool early = true) {
+  launch_kernel_at(early, column_sum_kernel<acc_t, out_t>, dim3(column_sum_blocks(columns), matrices),
                 dim3(kColumnsPerBlock, kRowGroups), 0, stream, partials, parts, columns, first_sums, second_sums);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -31,10 +31,16 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 #endif
 }
 
-// Read per launch while this is an experiment (scripts/experiments/switch_ab.py alternates it).
-inline bool programmatic_launch_enabled() {
+// Read per launch while this is an experiment (scripts/experiments/switch_ab.py alternates it):
+// 0 no early launches; 1 all but persistent grids; 2 also not the column sums after a persistent
+// norm backward; 3 no norm backward kernel at more than kNormFewRows rows; 4 nor the norm forwards there.
+inline int programmatic_launch_mode() {
   const char* setting = std::getenv("FUSED_OPS_PROGRAMMATIC_LAUNCH");
-  if (setting != nullptr && std::strcmp(setting, "0") == 0) return false;
+  return setting == nullptr ? 1 : std::atoi(setting);
+}
+
+inline bool programmatic_launch_enabled() {
+  if (programmatic_launch_mode() == 0) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major_at_least_9[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
   const int device = c10::cuda::current_device();
