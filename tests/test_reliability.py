@@ -158,29 +158,25 @@ def test_back_to_back_dependent_calls(spec, timing):
     probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
     grad_outs = [torch.randn(out.shape, device="cuda") for out in probe]
 
-    def step():
-        outs = chained_calls(spec, step_inputs, leading, options, spec.fused)
-        return outs, torch.autograd.grad(outs, leaves, grad_outs)
-
     if timing == "eager":
-        outs, grads = step()
+        outs = chained_calls(spec, step_inputs, leading, options, spec.fused)
+        grads = torch.autograd.grad(outs, leaves, grad_outs)
         assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options)
         return
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs, grads = step()
+    sizes = [len(inputs) for inputs in step_inputs]
+
+    def by_step(flat):
+        starts = [sum(sizes[:k]) for k in range(len(sizes))]
+        return [flat[start:start + size] for start, size in zip(starts, sizes)]
+
+    # torch's capture of a forward and its backward as two graphs, each replayed on every call
+    graphed = torch.cuda.make_graphed_callables(
+        lambda *flat: chained_calls(spec, by_step(flat), leading, options, spec.fused), tuple(leaves))
     for _ in range(2):
-        with torch.no_grad():
-            for leaf in leaves:
-                leaf.copy_(torch.randn(leaf.shape))
-        graph.replay()
-        assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options)
+        fresh = [torch.randn(leaf.shape, device="cuda").requires_grad_(True) for leaf in leaves]
+        outs = graphed(*fresh)
+        grads = torch.autograd.grad(outs, fresh, grad_outs)
+        assert_chain_matches_reference(spec, by_step(fresh), leading, outs, grads, grad_outs, options)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

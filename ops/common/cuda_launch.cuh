@@ -31,16 +31,13 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 #endif
 }
 
-// Read per launch while this is an experiment (scripts/experiments/switch_ab.py alternates it):
-// 0 no early launches; 1 all but persistent grids; 2 also not the column sums after a persistent
-// norm backward; 3 no norm backward kernel at more than kNormFewRows rows; 4 nor the norm forwards there.
-inline int programmatic_launch_mode() {
-  const char* setting = std::getenv("FUSED_OPS_PROGRAMMATIC_LAUNCH");
-  return setting == nullptr ? 1 : std::atoi(setting);
-}
-
+// FUSED_OPS_PROGRAMMATIC_LAUNCH=0, read once per process, launches every kernel after the previous one.
 inline bool programmatic_launch_enabled() {
-  if (programmatic_launch_mode() == 0) return false;
+  static const bool allowed = [] {
+    const char* setting = std::getenv("FUSED_OPS_PROGRAMMATIC_LAUNCH");
+    return setting == nullptr || std::strcmp(setting, "0") != 0;
+  }();
+  if (!allowed) return false;
   constexpr int kMaxDevices = 64;
   static std::atomic<int> major_at_least_9[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
   const int device = c10::cuda::current_device();
@@ -68,11 +65,8 @@ void launch_kernel_with(cudaLaunchConfig_t config, cudaLaunchAttribute* attribut
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...));
 }
 
-// early = false for a persistent grid (blocks sized to fill the GPU once, each striding over the
-// rows): launched early, its blocks land on the SMs the previous kernel leaves first, some SMs take
-// more of them than others, and the rows are split by block, not by SM. H200, bf16 16384x8192
-// add_layer_norm forward + backward 574.5 -> 609.4 us launched early (docs/benchmarks.md Change 21).
-// Its own dependents may still start early.
+// early = false: the kernel starts only after the previous one has finished (cuda_norm.cuh's
+// persistent backward and its column sums).
 template <typename... Parameters, typename... Arguments>
 void launch_kernel_at(bool early, void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
                       cudaStream_t stream, Arguments&&... arguments) {

@@ -190,8 +190,8 @@ std::tuple<at::Tensor, at::Tensor> binary_elementwise_with_mask_cuda(const at::T
     switch (operands.path) {
       case BinaryPath::ExactGrid:
         launch_kernel(binary_exact_grid_with_mask_kernel<scalar_t, Op<opmath_t>, BitOp<opmath_t>>,
-                      numel / kSize / kThreadsPerBlock, kThreadsPerBlock, 0, stream, out_data, mask_data, a_data, b_data,
-                      numel, op, bit_op);
+                      numel / kSize / kThreadsPerBlock, kThreadsPerBlock, 0, stream, out_data, mask_data, a_data,
+                      b_data, numel, op, bit_op);
         break;
       case BinaryPath::Vectorized:
         launch_kernel(binary_vectorized_with_mask_kernel<scalar_t, Op<opmath_t>, BitOp<opmath_t>>,

@@ -1438,7 +1438,6 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_forward_cuda", [&] {
     const bool vectorized = forward_vectorizable<scalar_t, weight_t>(p);
-    const bool forward_early = p.rows <= kNormFewRows || programmatic_launch_mode() < 4;
     with_pack_width<scalar_t>(vectorized, [&](auto width_constant) {
       constexpr int kWidth = decltype(width_constant)::value;
       const int64_t packs = p.columns / kWidth;
@@ -1455,10 +1454,10 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
             // With a residual, loads first: one memory latency per row instead of one per pack.
             if (residual_loads_first) {
               if constexpr (kPacks >= 2) {
-                launch_kernel_at(forward_early, norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
+                launch_kernel(norm_forward_cached_loads_first_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
                               config.threads, 0, stream, p);
               } else {
-                launch_kernel_at(forward_early, norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>, grid,
+                launch_kernel(norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, true>, grid,
                               config.threads, 0, stream, p);
               }
               return;
@@ -1469,17 +1468,17 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
           if constexpr (std::is_same_v<scalar_t, c10::BFloat16> && std::is_same_v<weight_t, scalar_t> &&
                         kWidth == 8 && kPacks == 4) {
             if (p.rows >= 1024 && config.threads == kNormMaxThreads) {
-              launch_kernel_at(forward_early, norm_forward_cached_three_blocks_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
+              launch_kernel(norm_forward_cached_three_blocks_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid,
                             config.threads, 0, stream, p);
               return;
             }
           }
-          launch_kernel_at(forward_early, norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid, config.threads, 0,
+          launch_kernel(norm_forward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks>, grid, config.threads, 0,
                         stream, p);
         });
       } else {
-        launch_kernel_at(forward_early, norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>, row_grid(p.rows), kLongRowThreads,
-                      0, stream, p);
+        launch_kernel(norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>, row_grid(p.rows),
+                      kLongRowThreads, 0, stream, p);
       }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
@@ -1523,17 +1522,19 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
           const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
           acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
           acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
-          // Blocks of one row each may start early like any other kernel.
-          const int mode = programmatic_launch_mode();
-          const bool persistent = p.rows > blocks;
-          const bool many_rows_late = mode >= 3 && p.rows > kNormFewRows;
-          launch_kernel_at(!persistent && !many_rows_late, kernel, grid, config.threads, shared_bytes, stream, p,
-                           weight_partials, bias_partials, nullptr);
+          // A persistent grid (blocks striding over more rows than there are blocks) and the column sums
+          // after it start only once the kernel before each has finished. Launched early, the column sums
+          // may be scheduled as soon as every persistent block has started, and wait on the SMs while the
+          // grid runs: H200 bf16 16384x8192 add_layer_norm forward + backward 583 -> 620 us (both late:
+          // 582-587; docs/benchmarks.md Change 21; why waiting blocks cost that much was not profiled).
+          // Blocks of one row each start early.
+          const bool early = p.rows <= blocks;
+          launch_kernel_at(early, kernel, grid, config.threads, shared_bytes, stream, p, weight_partials, bias_partials,
+                           nullptr);
           C10_CUDA_KERNEL_LAUNCH_CHECK();
           if (grid > 1) {
             launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
-                               static_cast<weight_t*>(p.grad_bias), stream,
-                               !(mode >= 2 && persistent) && !many_rows_late);
+                               static_cast<weight_t*>(p.grad_bias), stream, early);
           }
         };
         // Launches the staged kernel when each block gets several rows and its slots cost no

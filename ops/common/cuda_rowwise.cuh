@@ -419,8 +419,8 @@ void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem
       }
     } else {
       const dim3 grid(grid_size(problem.columns), static_cast<unsigned int>(std::min(problem.rows, kMaxGridRows)));
-      launch_kernel(rowwise_strided_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>, grid, kThreadsPerBlock, 0, stream,
-                    problem, op);
+      launch_kernel(rowwise_strided_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>, grid, kThreadsPerBlock, 0,
+                    stream, problem, op);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
@@ -469,8 +469,8 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
           offsets_fit_in_int(problem)) {
         const DecodeProblem<kInputs, kOutputs> decode = decode_problem_of(problem, vectors_per_row);
         launch_kernel(rowwise_few_rows_decode_column_sums_kernel<scalar_t, kInputs, kOutputs, Op<opmath_t>>,
-                      static_cast<unsigned int>(vectors_per_row / kFewRowsVectorsPerBlock), block, 0, stream, decode, op,
-                      column_sums.mutable_data_ptr<scalar_t>());
+                      static_cast<unsigned int>(vectors_per_row / kFewRowsVectorsPerBlock), block, 0, stream, decode,
+                      op, column_sums.mutable_data_ptr<scalar_t>());
         C10_CUDA_KERNEL_LAUNCH_CHECK();
         return;
       }
@@ -488,8 +488,9 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
         1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
     const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
     if (row_blocks == 1) {  // one block row (rows of millions of columns): it writes the sums itself
-      launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t, 16, Op<opmath_t>>,
-                    grid, kThreadsPerBlock, 0, stream, problem, op, column_sums.mutable_data_ptr<scalar_t>());
+      launch_kernel(
+          rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, scalar_t, 16, Op<opmath_t>>, grid,
+          kThreadsPerBlock, 0, stream, problem, op, column_sums.mutable_data_ptr<scalar_t>());
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
