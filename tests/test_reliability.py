@@ -157,12 +157,15 @@ def test_back_to_back_dependent_calls(spec, timing):
     options = default_options(spec)
     shape = (256, 512) if timing == "graph" else (1024, 2048)
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
-    # Capturing the backward of a relu_add chain fails in torch 2.11's autograd stream bookkeeping
-    # (cudaErrorStreamCaptureImplicit; one relu_add's forward and backward capture fine, in
-    # test_cuda_graph_replays_on_new_values), so its graph chain is forward only (docs/reliability.md).
+    # Capturing the backward of a relu_add chain failed in torch 2.11's autograd engine
+    # (cudaErrorStreamCaptureImplicit) while the probe's graph below was kept alive, its leaves' nodes
+    # made on the default stream; one relu_add's forward and backward capture fine
+    # (test_cuda_graph_replays_on_new_values). Until the chain runs with the probe made without
+    # autograd, relu_add's graph chain is forward only (docs/benchmarks.md Change 21, Next 1).
     backward = timing == "eager" or spec.name != "relu_add"
     leaves = [t.requires_grad_(backward) for inputs in step_inputs for t in inputs]
-    probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
+    with torch.no_grad():  # shapes only: no autograd graph made on the default stream outside capture
+        probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
     grad_outs = [torch.randn(out.shape).cuda() for out in probe]  # made by a copy: no CUDA RNG state
 
     def step():
