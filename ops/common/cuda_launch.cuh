@@ -31,6 +31,20 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 #endif
 }
 
+// Compiled like every kernel of the library; its PTX version says whether this device runs code built
+// with begin_dependent_kernel's instructions in it.
+template <int = 0>
+__global__ void programmatic_launch_probe_kernel() {}
+
+// A GPU of compute capability 9.0 or newer running code compiled for an older architecture (a build for
+// sm_80 only, JIT-compiled from its PTX) would get kernels that never wait: they must not launch early.
+inline bool device_runs_dependent_kernels(int device) {
+  if (compute_capability_major(device) < 9) return false;
+  cudaFuncAttributes attributes;
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, programmatic_launch_probe_kernel<>));
+  return attributes.ptxVersion >= 90;
+}
+
 // FUSED_OPS_PROGRAMMATIC_LAUNCH=0, read once per process, launches every kernel after the previous one.
 inline bool programmatic_launch_enabled() {
   static const bool allowed = [] {
@@ -39,13 +53,13 @@ inline bool programmatic_launch_enabled() {
   }();
   if (!allowed) return false;
   constexpr int kMaxDevices = 64;
-  static std::atomic<int> major_at_least_9[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  static std::atomic<int> runs_dependent_kernels[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
   const int device = c10::cuda::current_device();
-  if (device >= kMaxDevices) return compute_capability_major(device) >= 9;
-  int known = major_at_least_9[device].load(std::memory_order_relaxed);
+  if (device >= kMaxDevices) return device_runs_dependent_kernels(device);
+  int known = runs_dependent_kernels[device].load(std::memory_order_relaxed);
   if (known == 0) {
-    known = compute_capability_major(device) >= 9 ? 1 : -1;
-    major_at_least_9[device].store(known, std::memory_order_relaxed);
+    known = device_runs_dependent_kernels(device) ? 1 : -1;
+    runs_dependent_kernels[device].store(known, std::memory_order_relaxed);
   }
   return known > 0;
 }
