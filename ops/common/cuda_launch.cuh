@@ -10,7 +10,6 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -31,37 +30,14 @@ __device__ __forceinline__ void begin_dependent_kernel() {
 #endif
 }
 
-// Compiled like every kernel of the library; its PTX version says whether this device runs code built
-// with begin_dependent_kernel's instructions in it.
-template <int = 0>
-__global__ void programmatic_launch_probe_kernel() {}
-
-// A GPU of compute capability 9.0 or newer running code compiled for an older architecture (a build for
-// sm_80 only, JIT-compiled from its PTX) would get kernels that never wait: they must not launch early.
-inline bool device_runs_dependent_kernels(int device) {
-  if (compute_capability_major(device) < 9) return false;
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, programmatic_launch_probe_kernel<>));
-  return attributes.ptxVersion >= 90;
-}
-
 // FUSED_OPS_PROGRAMMATIC_LAUNCH=0, read once per process, launches every kernel after the previous one.
+// Code built for older GPUs only never waits, so it must not launch early on a newer one either.
 inline bool programmatic_launch_enabled() {
   static const bool allowed = [] {
     const char* setting = std::getenv("FUSED_OPS_PROGRAMMATIC_LAUNCH");
     return setting == nullptr || std::strcmp(setting, "0") != 0;
   }();
-  if (!allowed) return false;
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> runs_dependent_kernels[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
-  const int device = c10::cuda::current_device();
-  if (device >= kMaxDevices) return device_runs_dependent_kernels(device);
-  int known = runs_dependent_kernels[device].load(std::memory_order_relaxed);
-  if (known == 0) {
-    known = device_runs_dependent_kernels(device) ? 1 : -1;
-    runs_dependent_kernels[device].store(known, std::memory_order_relaxed);
-  }
-  return known > 0;
+  return allowed && runs_sm90_code();
 }
 
 // `attributes` has room for the caller's attributes plus the programmatic-launch one, appended here

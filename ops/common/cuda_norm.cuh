@@ -1325,12 +1325,13 @@ struct ClusterConfig {
 };
 
 // The split of one row over a cluster. A row one block covers, one longer than eight blocks of two
-// packs per thread and GPUs without clusters take the cached path.
+// packs per thread, GPUs without clusters and code built for them (where the cluster kernels have no
+// body) take the cached path.
 inline ClusterConfig cluster_config(int64_t packs) {
   const int packs_per_thread = packs <= int64_t(kMaxClusterBlocks) * kClusterBlockThreads ? 1 : 2;
   const int64_t packs_per_block = int64_t(kClusterBlockThreads) * packs_per_thread;
   const int64_t blocks = (packs + packs_per_block - 1) / packs_per_block;
-  if (blocks < 2 || blocks > kMaxClusterBlocks || compute_capability_major() < 9) return {0, 0};
+  if (blocks < 2 || blocks > kMaxClusterBlocks || !runs_sm90_code()) return {0, 0};
   return {blocks, packs_per_thread};
 }
 
@@ -1346,27 +1347,10 @@ inline int64_t cluster_rows(const ClusterConfig& single_row) {
   return single_row.packs_per_thread == 1 ? 32 : 16;
 }
 
-// Whether `kernel` has a body on this device: compiled for sm_90 or later (a build for older GPUs,
-// JIT-compiled from their PTX, would run the empty one). Cached per (kernel, device).
-template <typename Kernel>
-bool compiled_for_clusters(Kernel kernel) {
-  static std::mutex mutex;
-  static std::map<std::tuple<const void*, int>, bool> cache;
-  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), c10::cuda::current_device());
-  const std::lock_guard<std::mutex> lock(mutex);
-  const auto found = cache.find(key);
-  if (found != cache.end()) return found->second;
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  return cache.emplace(key, attributes.ptxVersion >= 90).first->second;
-}
-
-// Launches `kernel` on `clusters` clusters of `blocks` blocks; false, launching nothing, where it has
-// no body on this device.
+// Launches `kernel` on `clusters` clusters of `blocks` blocks (a configuration from cluster_config).
 template <typename... Arguments>
-bool cluster_launch(void (*kernel)(Arguments...), int64_t blocks, int64_t clusters, cudaStream_t stream,
+void cluster_launch(void (*kernel)(Arguments...), int64_t blocks, int64_t clusters, cudaStream_t stream,
                     Arguments... arguments) {
-  if (!compiled_for_clusters(kernel)) return false;
   cudaLaunchAttribute attributes[2];  // the cluster shape, and room for launch_kernel_with's
   attributes[0].id = cudaLaunchAttributeClusterDimension;
   attributes[0].val.clusterDim.x = static_cast<unsigned int>(blocks);
@@ -1379,7 +1363,6 @@ bool cluster_launch(void (*kernel)(Arguments...), int64_t blocks, int64_t cluste
   config.stream = stream;
   config.numAttrs = 1;
   launch_kernel_with(config, attributes, true, kernel, arguments...);
-  return true;
 }
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
@@ -1390,23 +1373,32 @@ bool launch_norm_forward_cluster(const NormForwardProblem& p, cudaStream_t strea
     // Without a residual, only rows of a full cluster gained (H200 bf16, graph us, Change 18):
     // layer_norm 1 x 8192 2.90 -> 2.40, but 1 x 4096 2.20 -> 2.29 and 1 x 3000 2.26 -> 2.30.
     if (p.residual == nullptr && config.blocks < kMaxClusterBlocks) return false;
-    return config.packs_per_thread == 1
-               ? cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1>, config.blocks,
-                                p.rows, stream, p)
-               : cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2>, config.blocks,
-                                p.rows, stream, p);
+    if (config.packs_per_thread == 1) {
+      cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1>, config.blocks, p.rows, stream,
+                     p);
+    } else {
+      cluster_launch(layer_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2>, config.blocks, p.rows, stream,
+                     p);
+    }
   } else {
     auto launch = [&](auto weight_first_constant) {
       constexpr bool kWeightFirst = decltype(weight_first_constant)::value;
-      return config.packs_per_thread == 1
-                 ? cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1, kWeightFirst>,
-                                  config.blocks, p.rows, stream, p)
-                 : cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2, kWeightFirst>,
-                                  config.blocks, p.rows, stream, p);
+      if (config.packs_per_thread == 1) {
+        cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 1, kWeightFirst>, config.blocks,
+                       p.rows, stream, p);
+      } else {
+        cluster_launch(rms_norm_forward_cluster_kernel<scalar_t, weight_t, kWidth, 2, kWeightFirst>, config.blocks,
+                       p.rows, stream, p);
+      }
     };
     // The weight loads first only without a residual (see rms_norm_forward_cluster_kernel).
-    return p.residual == nullptr ? launch(std::true_type{}) : launch(std::false_type{});
+    if (p.residual == nullptr) {
+      launch(std::true_type{});
+    } else {
+      launch(std::false_type{});
+    }
   }
+  return true;
 }
 
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
@@ -1417,15 +1409,20 @@ bool launch_norm_backward_cluster(const NormBackwardProblem& p, const at::Tensor
   if (config.blocks == 0 || p.rows > cluster_rows(config)) return false;
   auto launch = [&](auto row_statistics_constant, acc_t* statistics) {
     constexpr bool kRowStatistics = decltype(row_statistics_constant)::value;
-    return config.packs_per_thread == 1
-               ? cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 1, kRowStatistics>,
-                                config.blocks, p.rows, stream, p, statistics)
-               : cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 2, kRowStatistics>,
-                                config.blocks, p.rows, stream, p, statistics);
+    if (config.packs_per_thread == 1) {
+      cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 1, kRowStatistics>, config.blocks,
+                     p.rows, stream, p, statistics);
+    } else {
+      cluster_launch(norm_backward_cluster_kernel<scalar_t, weight_t, kKind, kWidth, 2, kRowStatistics>, config.blocks,
+                     p.rows, stream, p, statistics);
+    }
   };
-  if (p.rows == 1) return launch(std::false_type{}, nullptr);
+  if (p.rows == 1) {
+    launch(std::false_type{}, nullptr);
+    return true;
+  }
   const at::Tensor statistics = at::empty({p.rows, 2}, acc_options);
-  if (!launch(std::true_type{}, statistics.mutable_data_ptr<acc_t>())) return false;
+  launch(std::true_type{}, statistics.mutable_data_ptr<acc_t>());
   launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, stream);
   return true;
 }
