@@ -1,5 +1,6 @@
 import functools
 import os
+import re
 
 import pytest
 import torch
@@ -81,6 +82,26 @@ def assert_bad_input_rejected(cases, case):
     with pytest.raises(RuntimeError) as error:
         call()
     assert message in str(error.value)
+
+
+@functools.lru_cache(maxsize=None)
+def library_runs_sm90_code():
+    """Whether this GPU runs the library's kernels as code for sm_90 or newer, which the thread-block
+    clusters and early launches need (runs_sm90_code in ops/common/cuda_device.cuh asks the CUDA
+    runtime): a GPU from Hopper on, and a build target from 9.0 up to the GPU's own, as machine code
+    of the GPU's major version or as PTX. A build for 8.0 alone runs its PTX there, without them."""
+    if not torch.cuda.is_available() or not fused_ops.cuda_kernels_compiled():
+        return False
+    major, minor = torch.cuda.get_device_capability()
+    for arch in fused_ops.cuda_arch_list():
+        target = re.match(r"(\d+)\.(\d+)", arch)
+        if target is None:
+            continue
+        target_major, target_minor = int(target[1]), int(target[2])
+        if 9 <= target_major and (target_major, target_minor) <= (major, minor) and (
+                arch.endswith("+PTX") or target_major == major):
+            return True
+    return False
 
 
 def cuda_kernels_run_by(step):

@@ -1,5 +1,6 @@
 """The package's public surface: paths, `python -m fused_ops`, registration."""
 import os
+import re
 import subprocess
 import sys
 
@@ -26,6 +27,8 @@ def test_python_m_fused_ops_reports_everything():
     assert fused_ops.library_path() in out
     assert torch.__version__ in out
     assert "CUDA kernels compiled: " + ("yes" if fused_ops.cuda_kernels_compiled() else "no") in out
+    if fused_ops.cuda_kernels_compiled():
+        assert f"CUDA architectures: {' '.join(fused_ops.cuda_arch_list())}" in out
     assert "fused::relu_add(Tensor x, Tensor y, float bias=0.) -> Tensor" in out
     assert "fused::relu_add_backward(Tensor grad, Tensor x) -> Tensor" in out
     assert "fused::relu_add_with_mask(Tensor x, Tensor y, float bias=0.) -> (Tensor out, Tensor mask)" in out
@@ -33,6 +36,19 @@ def test_python_m_fused_ops_reports_everything():
     assert "fused::bias_gelu(Tensor x, Tensor bias, str approximate=\"none\") -> Tensor" in out
     assert "fused::silu_mul(Tensor x) -> Tensor" in out
     assert "fused::gelu_mul(Tensor x, str approximate=\"none\") -> Tensor" in out
+
+
+def test_cuda_arch_list_names_the_build_targets():
+    """A CUDA build names its TORCH_CUDA_ARCH_LIST targets (default 9.0+PTX); a CPU build none."""
+    archs = fused_ops.cuda_arch_list()
+    if not fused_ops.cuda_kernels_compiled():
+        assert archs == []
+        return
+    assert archs, "a CUDA build names at least one target"
+    # scripts/setup.sh builds with the TORCH_CUDA_ARCH_LIST the tests then run under
+    assert archs == (os.environ.get("TORCH_CUDA_ARCH_LIST") or "9.0+PTX").replace(";", " ").split()
+    for arch in archs:
+        assert re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch), arch
 
 
 def test_every_op_has_every_kernel():

@@ -134,13 +134,11 @@ def chained_calls(spec, step_inputs, leading, options, call):
 
 
 def assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options):
-    """grads None: the outputs only."""
     inputs64 = [[t.detach().double().cpu().requires_grad_(True) for t in inputs] for inputs in step_inputs]
     expected = chained_calls(spec, inputs64, leading, options, spec.reference)
-    pairs = list(zip(outs, expected, strict=True))
-    if grads is not None:
-        leaves64 = [t for inputs in inputs64 for t in inputs]
-        pairs += zip(grads, torch.autograd.grad(expected, leaves64, [g.double().cpu() for g in grad_outs]), strict=True)
+    leaves64 = [t for inputs in inputs64 for t in inputs]
+    expected_grads = torch.autograd.grad(expected, leaves64, [g.double().cpu() for g in grad_outs])
+    pairs = [*zip(outs, expected, strict=True), *zip(grads, expected_grads, strict=True)]
     for actual, want in pairs:
         # relative to the largest value: the gated chains shrink theirs to about 1e-10
         torch.testing.assert_close(actual.double().cpu(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
@@ -157,20 +155,16 @@ def test_back_to_back_dependent_calls(spec, timing):
     options = default_options(spec)
     shape = (256, 512) if timing == "graph" else (1024, 2048)
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
-    # Capturing the backward of a relu_add chain failed in torch 2.11's autograd engine
-    # (cudaErrorStreamCaptureImplicit) while the probe's graph below was kept alive, its leaves' nodes
-    # made on the default stream; one relu_add's forward and backward capture fine
-    # (test_cuda_graph_replays_on_new_values). Until the chain runs with the probe made without
-    # autograd, relu_add's graph chain is forward only (docs/benchmarks.md Change 21, Next 1).
-    backward = timing == "eager" or spec.name != "relu_add"
-    leaves = [t.requires_grad_(backward) for inputs in step_inputs for t in inputs]
-    with torch.no_grad():  # shapes only: no autograd graph made on the default stream outside capture
+    leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
+    # Shapes only. With autograd, this graph's leaf nodes, made on the default stream and kept alive,
+    # made the capture of relu_add's chain backward fail (docs/benchmarks.md Change 22).
+    with torch.no_grad():
         probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
     grad_outs = [torch.randn(out.shape).cuda() for out in probe]  # made by a copy: no CUDA RNG state
 
     def step():
         outs = chained_calls(spec, step_inputs, leading, options, spec.fused)
-        return outs, (torch.autograd.grad(outs, leaves, grad_outs) if backward else None)
+        return outs, torch.autograd.grad(outs, leaves, grad_outs)
 
     if timing == "eager":
         outs, grads = step()

@@ -33,6 +33,16 @@ def cuda_kernels_compiled() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key("fused::relu_add", "CUDA")
 
 
+def cuda_arch_list() -> list:
+    """The GPU targets the CUDA kernels were built for, as TORCH_CUDA_ARCH_LIST named them at build
+    time (for example ["9.0+PTX"]); empty for a build without CUDA kernels."""
+    path = os.path.join(_PACKAGE_DIR, "lib", "cuda_arch_list.txt")
+    if not os.path.exists(path):
+        return []
+    with open(path) as file:
+        return file.read().replace(";", " ").split()
+
+
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm, relu_add,  # noqa: E402
@@ -45,6 +55,7 @@ __all__ = [
     "runner_path",
     "cmake_prefix_path",
     "cuda_kernels_compiled",
+    "cuda_arch_list",
     "relu_add",
     "bias_gelu",
     "silu_mul",

@@ -19,6 +19,8 @@ def main() -> None:
     print(f"runner: {fused_ops.runner_path()}")
     print(f"torch: {torch.__version__} (CUDA {torch.version.cuda or 'none'})")
     print(f"CUDA kernels compiled: {'yes' if fused_ops.cuda_kernels_compiled() else 'no'}")
+    if fused_ops.cuda_kernels_compiled():
+        print(f"CUDA architectures: {' '.join(fused_ops.cuda_arch_list())}")
     print(f"CUDA device available: {'yes' if torch.cuda.is_available() else 'no'}")
     print("ops:")
     for schema in torch._C._jit_get_all_schemas():
