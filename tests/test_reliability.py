@@ -156,8 +156,8 @@ def test_back_to_back_dependent_calls(spec, timing):
     shape = (256, 512) if timing == "graph" else (1024, 2048)
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
     leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
-    # Shapes only. With autograd, this graph's leaf nodes, made on the default stream and kept alive,
-    # made the capture of relu_add's chain backward fail (docs/benchmarks.md Change 22).
+    # Shapes only. Made with autograd and kept alive, its leaves' AccumulateGrad nodes stay on the
+    # default stream, and capturing any op's chain backward then fails (docs/benchmarks.md Change 23).
     with torch.no_grad():
         probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
     grad_outs = [torch.randn(out.shape).cuda() for out in probe]  # made by a copy: no CUDA RNG state
