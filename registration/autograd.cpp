@@ -5,11 +5,13 @@
 #include <torch/autograd.h>
 #include <torch/library.h>
 
+#include <mutex>
 #include <numeric>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
-#include "../ops/common/norm.h"
+#include "../ops/norms/norm.h"
 
 namespace fused_ops {
 namespace {
@@ -17,68 +19,98 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// A registered op of the `fused` namespace, called through the dispatcher. Its handle is looked up on
+// the first call: the schemas register when the library loads, after these objects are built.
 template <typename Signature>
-c10::TypedOperatorHandle<Signature> find_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
+class FusedOp;
+
+template <typename Return, typename... Args>
+class FusedOp<Return(Args...)> {
+ public:
+  using Signature = Return(Args...);
+
+  explicit FusedOp(const char* name) : name_(name) {}
+
+  Return operator()(Args... args) const {
+    std::call_once(found_, [this] {
+      handle_ = c10::Dispatcher::singleton().findSchemaOrThrow(name_, "").template typed<Signature>();
+    });
+    return handle_->call(args...);
+  }
+
+  // The backend's kernel, with no graph recorded.
+  Return below_autograd(Args... args) const {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return (*this)(args...);
+  }
+
+ private:
+  const char* name_;
+  mutable std::once_flag found_;
+  mutable std::optional<c10::TypedOperatorHandle<Signature>> handle_;
+};
+
+using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
+using ThreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using OptionalTensor = std::optional<at::Tensor>;
+using Tensor = const at::Tensor&;
+using Options = c10::string_view;
+
+const FusedOp<at::Tensor(Tensor, Tensor, double)> relu_add_op{"fused::relu_add"};
+const FusedOp<at::Tensor(Tensor, Tensor)> relu_add_backward_op{"fused::relu_add_backward"};
+const FusedOp<TwoTensors(Tensor, Tensor, double)> relu_add_with_mask_op{"fused::relu_add_with_mask"};
+const FusedOp<at::Tensor(Tensor, Tensor)> relu_add_backward_masked_op{"fused::relu_add_backward_masked"};
+const FusedOp<at::Tensor(Tensor, Tensor, Options)> bias_gelu_op{"fused::bias_gelu"};
+const FusedOp<TwoTensors(Tensor, Tensor, Tensor, Options)> bias_gelu_backward_op{"fused::bias_gelu_backward"};
+const FusedOp<at::Tensor(Tensor)> silu_mul_op{"fused::silu_mul"};
+const FusedOp<at::Tensor(Tensor, Tensor)> silu_mul_backward_op{"fused::silu_mul_backward"};
+const FusedOp<at::Tensor(Tensor, Options)> gelu_mul_op{"fused::gelu_mul"};
+const FusedOp<at::Tensor(Tensor, Tensor, Options)> gelu_mul_backward_op{"fused::gelu_mul_backward"};
+const FusedOp<at::Tensor(Tensor, Tensor, double)> rms_norm_op{"fused::rms_norm"};
+const FusedOp<TwoTensors(Tensor, Tensor, Tensor, double)> add_rms_norm_op{"fused::add_rms_norm"};
+const FusedOp<TwoTensors(Tensor, Tensor, Tensor, double, const OptionalTensor&)> rms_norm_backward_op{
+    "fused::rms_norm_backward"};
+const FusedOp<at::Tensor(Tensor, Tensor, const OptionalTensor&, double)> layer_norm_op{"fused::layer_norm"};
+const FusedOp<TwoTensors(Tensor, Tensor, Tensor, const OptionalTensor&, double)> add_layer_norm_op{
+    "fused::add_layer_norm"};
+const FusedOp<ThreeTensors(Tensor, Tensor, Tensor, double, const OptionalTensor&)> layer_norm_backward_op{
+    "fused::layer_norm_backward"};
+
+inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() && tensor->requires_grad();
+}
+template <typename Option>
+bool requires_grad(const Option&) {
+  return false;
 }
 
-at::Tensor call_relu_add(const at::Tensor& x, const at::Tensor& y, double bias) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fused::relu_add");
-  return op.call(x, y, bias);
-}
-
-at::Tensor call_relu_add_backward(const at::Tensor& grad, const at::Tensor& x) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fused::relu_add_backward");
-  return op.call(grad, x);
-}
-
-std::tuple<at::Tensor, at::Tensor> call_relu_add_with_mask(const at::Tensor& x, const at::Tensor& y, double bias) {
-  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, double)>(
-      "fused::relu_add_with_mask");
-  return op.call(x, y, bias);
-}
-
-at::Tensor call_relu_add_backward_masked(const at::Tensor& grad, const at::Tensor& mask) {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fused::relu_add_backward_masked");
-  return op.call(grad, mask);
-}
-
-at::Tensor call_bias_gelu(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>("fused::bias_gelu");
-  return op.call(x, bias, approximate);
-}
-
-at::Tensor call_silu_mul(const at::Tensor& x) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&)>("fused::silu_mul");
-  return op.call(x);
-}
-
-at::Tensor call_gelu_mul(const at::Tensor& x, c10::string_view approximate) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, c10::string_view)>("fused::gelu_mul");
-  return op.call(x, approximate);
+// Whether a call must record a graph node; otherwise the op runs without one (the eager inference
+// path stays as short as the op itself).
+template <typename... Arguments>
+bool records_gradient(const Arguments&... arguments) {
+  return at::GradMode::is_enabled() && (requires_grad(arguments) || ...);
 }
 
 // The gradients of relu_add's x and y, from the mask its forward saved (when x needed a gradient)
 // and y's sizes.
 variable_list relu_add_input_gradients(AutogradContext* ctx, const at::Tensor& grad) {
   at::Tensor grad_x, grad_y;
-  if (ctx->needs_input_grad(0)) grad_x = call_relu_add_backward_masked(grad, ctx->get_saved_variables()[0]);
+  if (ctx->needs_input_grad(0)) grad_x = relu_add_backward_masked_op(grad, ctx->get_saved_variables()[0]);
   if (ctx->needs_input_grad(1)) grad_y = grad.sum_to_size_symint(ctx->saved_data["y_sizes"].toSymIntVector());
   return {grad_x, grad_y, at::Tensor()};
 }
 
 // Saves one bit per element of x (relu_add_with_mask) instead of x: the backward reads grad and the
-// bits, 1/8 byte per element where x took 2-8 (docs/design_notes.md).
+// bits, 1/8 byte per element where x took 2-8 (docs/design.md).
 class ReluAddFunction : public torch::autograd::Function<ReluAddFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y,
                             double bias) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->saved_data["y_sizes"] = c10::IValue(y.sym_sizes());
-    if (!x.requires_grad()) return call_relu_add(x, y, bias);
-    auto [out, mask] = call_relu_add_with_mask(x, y, bias);
+    if (!x.requires_grad()) return relu_add_op(x, y, bias);
+    auto [out, mask] = relu_add_with_mask_op(x, y, bias);
     ctx->save_for_backward({mask});
     return out;
   }
@@ -95,7 +127,7 @@ class ReluAddWithMaskFunction : public torch::autograd::Function<ReluAddWithMask
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y, double bias) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->saved_data["y_sizes"] = c10::IValue(y.sym_sizes());
-    auto [out, mask] = call_relu_add_with_mask(x, y, bias);
+    auto [out, mask] = relu_add_with_mask_op(x, y, bias);
     ctx->save_for_backward({mask});
     ctx->mark_non_differentiable({mask});
     return {out, mask};
@@ -108,7 +140,7 @@ class ReluAddWithMaskFunction : public torch::autograd::Function<ReluAddWithMask
 
 // Both relu_add backward ops are linear in `grad` and piecewise constant in their second input (x,
 // or the mask made from it), so each is its own gradient w.r.t. grad and has none w.r.t. the other.
-template <at::Tensor (*kBackward)(const at::Tensor&, const at::Tensor&)>
+template <const auto& kBackward>
 class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackwardFunction<kBackward>> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& grad, const at::Tensor& x_or_mask) {
@@ -124,25 +156,6 @@ class ReluAddBackwardFunction : public torch::autograd::Function<ReluAddBackward
   }
 };
 
-std::tuple<at::Tensor, at::Tensor> call_bias_gelu_backward(const at::Tensor& grad, const at::Tensor& x,
-                                                           const at::Tensor& bias, c10::string_view approximate) {
-  static const auto op = find_op<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
-                                                                    const at::Tensor&, c10::string_view)>(
-      "fused::bias_gelu_backward");
-  return op.call(grad, x, bias, approximate);
-}
-
-at::Tensor call_silu_mul_backward(const at::Tensor& grad, const at::Tensor& x) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&)>("fused::silu_mul_backward");
-  return op.call(grad, x);
-}
-
-at::Tensor call_gelu_mul_backward(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>(
-      "fused::gelu_mul_backward");
-  return op.call(grad, x, approximate);
-}
-
 class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bias,
@@ -150,13 +163,13 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({x, bias});
     ctx->saved_data["approximate"] = std::string(approximate);
-    return call_bias_gelu(x, bias, approximate);
+    return bias_gelu_op(x, bias, approximate);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
     auto [grad_x, grad_bias] =
-        call_bias_gelu_backward(grad_outputs[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
+        bias_gelu_backward_op(grad_outputs[0], saved[0], saved[1], ctx->saved_data["approximate"].toStringRef());
     return {ctx->needs_input_grad(0) ? grad_x : at::Tensor(), ctx->needs_input_grad(1) ? grad_bias : at::Tensor(),
             at::Tensor()};
   }
@@ -177,10 +190,10 @@ class SiluMulFunction : public GatedFunction<SiluMulFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({x});
-    return call_silu_mul(x);
+    return silu_mul_op(x);
   }
   static at::Tensor backward_op(const at::Tensor& grad, const at::Tensor& x, AutogradContext*) {
-    return call_silu_mul_backward(grad, x);
+    return silu_mul_backward_op(grad, x);
   }
 };
 
@@ -190,82 +203,12 @@ class GeluMulFunction : public GatedFunction<GeluMulFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({x});
     ctx->saved_data["approximate"] = std::string(approximate);
-    return call_gelu_mul(x, approximate);
+    return gelu_mul_op(x, approximate);
   }
   static at::Tensor backward_op(const at::Tensor& grad, const at::Tensor& x, AutogradContext* ctx) {
-    return call_gelu_mul_backward(grad, x, ctx->saved_data["approximate"].toStringRef());
+    return gelu_mul_backward_op(grad, x, ctx->saved_data["approximate"].toStringRef());
   }
 };
-
-inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
-inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() && tensor->requires_grad();
-}
-
-// Whether a call must record a graph node; otherwise the forward runs without one (the eager
-// inference path stays as short as the op itself).
-template <typename... Tensors>
-bool records_gradient(const Tensors&... tensors) {
-  return at::GradMode::is_enabled() && (requires_grad(tensors) || ...);
-}
-
-at::Tensor relu_add_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
-  if (!records_gradient(x, y)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_relu_add(x, y, bias);
-  }
-  return ReluAddFunction::apply(x, y, bias);
-}
-
-at::Tensor relu_add_backward_autograd(const at::Tensor& grad, const at::Tensor& x) {
-  if (!records_gradient(grad, x)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_relu_add_backward(grad, x);
-  }
-  return ReluAddBackwardFunction<call_relu_add_backward>::apply(grad, x);
-}
-
-std::tuple<at::Tensor, at::Tensor> relu_add_with_mask_autograd(const at::Tensor& x, const at::Tensor& y, double bias) {
-  if (!records_gradient(x, y)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_relu_add_with_mask(x, y, bias);
-  }
-  const variable_list outputs = ReluAddWithMaskFunction::apply(x, y, bias);
-  return {outputs[0], outputs[1]};
-}
-
-at::Tensor relu_add_backward_masked_autograd(const at::Tensor& grad, const at::Tensor& mask) {
-  if (!records_gradient(grad)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_relu_add_backward_masked(grad, mask);
-  }
-  return ReluAddBackwardFunction<call_relu_add_backward_masked>::apply(grad, mask);
-}
-
-
-at::Tensor bias_gelu_autograd(const at::Tensor& x, const at::Tensor& bias, c10::string_view approximate) {
-  if (!records_gradient(x, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_bias_gelu(x, bias, approximate);
-  }
-  return BiasGeluFunction::apply(x, bias, approximate);
-}
-
-at::Tensor silu_mul_autograd(const at::Tensor& x) {
-  if (!records_gradient(x)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_silu_mul(x);
-  }
-  return SiluMulFunction::apply(x);
-}
-
-at::Tensor gelu_mul_autograd(const at::Tensor& x, c10::string_view approximate) {
-  if (!records_gradient(x)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_gelu_mul(x, approximate);
-  }
-  return GeluMulFunction::apply(x, approximate);
-}
 
 // Backward ops of the activations. Recording a graph through them (double backward) runs the same
 // math as differentiable aten ops (gelu_backward has a derivative of its own);
@@ -278,8 +221,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor&
     std::iota(leading.begin(), leading.end(), 0);
     return {grad_x, leading.empty() ? grad_x.clone() : grad_x.sum(leading)};
   }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_bias_gelu_backward(grad, x, bias, approximate);
+  return bias_gelu_backward_op.below_autograd(grad, x, bias, approximate);
 }
 
 at::Tensor silu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& x) {
@@ -289,8 +231,7 @@ at::Tensor silu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     const at::Tensor silu_derivative = sigmoid * (1 + halves[0] * (1 - sigmoid));
     return at::cat({grad * halves[1] * silu_derivative, grad * halves[0] * sigmoid}, -1);
   }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_silu_mul_backward(grad, x);
+  return silu_mul_backward_op.below_autograd(grad, x);
 }
 
 at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
@@ -299,55 +240,13 @@ at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     return at::cat({at::gelu_backward(grad * halves[1], halves[0], approximate),
                     grad * at::gelu(halves[0], approximate)}, -1);
   }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_gelu_mul_backward(grad, x, approximate);
+  return gelu_mul_backward_op.below_autograd(grad, x, approximate);
 }
 
 // ---------------------------------------------------------------------------------------------
 // Norms. Forwards save h (x, or residual_out of the add variants) and weight; the backward ops
 // recompute the statistics from h.
 
-using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
-using ThreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
-using OptionalTensor = std::optional<at::Tensor>;
-
-at::Tensor call_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  static const auto op = find_op<at::Tensor(const at::Tensor&, const at::Tensor&, double)>("fused::rms_norm");
-  return op.call(x, weight, eps);
-}
-
-TwoTensors call_add_rms_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight, double eps) {
-  static const auto op =
-      find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double)>("fused::add_rms_norm");
-  return op.call(x, residual, weight, eps);
-}
-
-TwoTensors call_rms_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, double eps,
-                                  const OptionalTensor& grad_residual) {
-  static const auto op = find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                            const OptionalTensor&)>("fused::rms_norm_backward");
-  return op.call(grad, x, weight, eps, grad_residual);
-}
-
-at::Tensor call_layer_norm(const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias, double eps) {
-  static const auto op =
-      find_op<at::Tensor(const at::Tensor&, const at::Tensor&, const OptionalTensor&, double)>("fused::layer_norm");
-  return op.call(x, weight, bias, eps);
-}
-
-TwoTensors call_add_layer_norm(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                               const OptionalTensor& bias, double eps) {
-  static const auto op = find_op<TwoTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                            const OptionalTensor&, double)>("fused::add_layer_norm");
-  return op.call(x, residual, weight, bias, eps);
-}
-
-ThreeTensors call_layer_norm_backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                                      double eps, const OptionalTensor& grad_residual) {
-  static const auto op = find_op<ThreeTensors(const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                              const OptionalTensor&)>("fused::layer_norm_backward");
-  return op.call(grad, x, weight, eps, grad_residual);
-}
 
 OptionalTensor defined_or_none(const at::Tensor& tensor) {
   return tensor.defined() ? OptionalTensor(tensor) : std::nullopt;
@@ -360,11 +259,11 @@ variable_list norm_gradients(const at::Tensor& grad_out, const at::Tensor& grad_
                              const at::Tensor& weight, double eps) {
   if (!grad_out.defined()) return {grad_h_output, at::Tensor(), at::Tensor()};
   if constexpr (kKind == NormKind::RMS) {
-    auto [grad_h, grad_weight] = call_rms_norm_backward(grad_out, h, weight, eps, defined_or_none(grad_h_output));
+    auto [grad_h, grad_weight] = rms_norm_backward_op(grad_out, h, weight, eps, defined_or_none(grad_h_output));
     return {grad_h, grad_weight, at::Tensor()};
   } else {
     auto [grad_h, grad_weight, grad_bias] =
-        call_layer_norm_backward(grad_out, h, weight, eps, defined_or_none(grad_h_output));
+        layer_norm_backward_op(grad_out, h, weight, eps, defined_or_none(grad_h_output));
     return {grad_h, grad_weight, grad_bias};
   }
 }
@@ -375,7 +274,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({x, weight});
     ctx->saved_data["eps"] = eps;
-    return call_rms_norm(x, weight, eps);
+    return rms_norm_op(x, weight, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -394,7 +293,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     ctx->save_for_backward({x, weight});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    return call_layer_norm(x, weight, bias, eps);
+    return layer_norm_op(x, weight, bias, eps);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -412,7 +311,7 @@ class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> 
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
                                const at::Tensor& weight, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, h] = call_add_rms_norm(x, residual, weight, eps);
+    auto [out, h] = add_rms_norm_op(x, residual, weight, eps);
     ctx->save_for_backward({h, weight});
     ctx->saved_data["eps"] = eps;
     ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined, not zeros
@@ -432,7 +331,7 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
                                const at::Tensor& weight, const OptionalTensor& bias, double eps) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, h] = call_add_layer_norm(x, residual, weight, bias, eps);
+    auto [out, h] = add_layer_norm_op(x, residual, weight, bias, eps);
     ctx->save_for_backward({h, weight});
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
@@ -448,43 +347,6 @@ class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFuncti
             at::Tensor()};
   }
 };
-
-at::Tensor rms_norm_autograd(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!records_gradient(x, weight)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_rms_norm(x, weight, eps);
-  }
-  return RmsNormFunction::apply(x, weight, eps);
-}
-
-TwoTensors add_rms_norm_autograd(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                 double eps) {
-  if (!records_gradient(x, residual, weight)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_add_rms_norm(x, residual, weight, eps);
-  }
-  auto outputs = AddRmsNormFunction::apply(x, residual, weight, eps);
-  return {outputs[0], outputs[1]};
-}
-
-at::Tensor layer_norm_autograd(const at::Tensor& x, const at::Tensor& weight, const OptionalTensor& bias,
-                               double eps) {
-  if (!records_gradient(x, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_layer_norm(x, weight, bias, eps);
-  }
-  return LayerNormFunction::apply(x, weight, bias, eps);
-}
-
-TwoTensors add_layer_norm_autograd(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
-                                   const OptionalTensor& bias, double eps) {
-  if (!records_gradient(x, residual, weight, bias)) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return call_add_layer_norm(x, residual, weight, bias, eps);
-  }
-  auto outputs = AddLayerNormFunction::apply(x, residual, weight, bias, eps);
-  return {outputs[0], outputs[1]};
-}
 
 // The norm backward ops through differentiable aten math (double backward), statistics in
 // float32 (float64 for float64) like the kernels. Returns {grad_x, grad_weight, grad_bias}.
@@ -513,8 +375,7 @@ TwoTensors rms_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     auto [grad_x, grad_weight, grad_bias] = norm_backward_composite(NormKind::RMS, grad, x, weight, eps, grad_residual);
     return {grad_x, grad_weight};
   }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_rms_norm_backward(grad, x, weight, eps, grad_residual);
+  return rms_norm_backward_op.below_autograd(grad, x, weight, eps, grad_residual);
 }
 
 ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
@@ -522,28 +383,47 @@ ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tens
   if (records_gradient(grad, x, weight, grad_residual)) {
     return norm_backward_composite(NormKind::Layer, grad, x, weight, eps, grad_residual);
   }
-  at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return call_layer_norm_backward(grad, x, weight, eps, grad_residual);
+  return layer_norm_backward_op.below_autograd(grad, x, weight, eps, grad_residual);
 }
+
+// The Autograd kernel of an op whose graph node is `Function`: the op below autograd when no input
+// needs a gradient (the eager inference path stays as short as the op itself), else Function::apply.
+template <typename Function, const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
+struct AutogradKernel;
+
+template <typename Function, const auto& kOp, typename Return, typename... Args>
+struct AutogradKernel<Function, kOp, Return(Args...)> {
+  static Return call(Args... args) {
+    if (!records_gradient(args...)) return kOp.below_autograd(args...);
+    if constexpr (std::is_same_v<Return, at::Tensor>) {
+      return Function::apply(args...);
+    } else {  // a Function of several outputs returns them as a list
+      const variable_list outputs = Function::apply(args...);
+      return {outputs[0], outputs[1]};
+    }
+  }
+};
 
 }  // namespace
 }  // namespace fused_ops
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
-  m.impl("relu_add", &fused_ops::relu_add_autograd);
-  m.impl("relu_add_backward", &fused_ops::relu_add_backward_autograd);
-  m.impl("relu_add_with_mask", &fused_ops::relu_add_with_mask_autograd);
-  m.impl("relu_add_backward_masked", &fused_ops::relu_add_backward_masked_autograd);
-  m.impl("bias_gelu", &fused_ops::bias_gelu_autograd);
-  m.impl("bias_gelu_backward", &fused_ops::bias_gelu_backward_autograd);
-  m.impl("silu_mul", &fused_ops::silu_mul_autograd);
-  m.impl("silu_mul_backward", &fused_ops::silu_mul_backward_autograd);
-  m.impl("gelu_mul", &fused_ops::gelu_mul_autograd);
-  m.impl("gelu_mul_backward", &fused_ops::gelu_mul_backward_autograd);
-  m.impl("rms_norm", &fused_ops::rms_norm_autograd);
-  m.impl("add_rms_norm", &fused_ops::add_rms_norm_autograd);
-  m.impl("rms_norm_backward", &fused_ops::rms_norm_backward_autograd);
-  m.impl("layer_norm", &fused_ops::layer_norm_autograd);
-  m.impl("add_layer_norm", &fused_ops::add_layer_norm_autograd);
-  m.impl("layer_norm_backward", &fused_ops::layer_norm_backward_autograd);
+  using namespace fused_ops;
+  m.impl("relu_add", &AutogradKernel<ReluAddFunction, relu_add_op>::call);
+  m.impl("relu_add_backward", &AutogradKernel<ReluAddBackwardFunction<relu_add_backward_op>, relu_add_backward_op>::call);
+  m.impl("relu_add_with_mask", &AutogradKernel<ReluAddWithMaskFunction, relu_add_with_mask_op>::call);
+  m.impl("relu_add_backward_masked",
+         &AutogradKernel<ReluAddBackwardFunction<relu_add_backward_masked_op>, relu_add_backward_masked_op>::call);
+  m.impl("bias_gelu", &AutogradKernel<BiasGeluFunction, bias_gelu_op>::call);
+  m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
+  m.impl("silu_mul", &AutogradKernel<SiluMulFunction, silu_mul_op>::call);
+  m.impl("silu_mul_backward", &silu_mul_backward_autograd);
+  m.impl("gelu_mul", &AutogradKernel<GeluMulFunction, gelu_mul_op>::call);
+  m.impl("gelu_mul_backward", &gelu_mul_backward_autograd);
+  m.impl("rms_norm", &AutogradKernel<RmsNormFunction, rms_norm_op>::call);
+  m.impl("add_rms_norm", &AutogradKernel<AddRmsNormFunction, add_rms_norm_op>::call);
+  m.impl("rms_norm_backward", &rms_norm_backward_autograd);
+  m.impl("layer_norm", &AutogradKernel<LayerNormFunction, layer_norm_op>::call);
+  m.impl("add_layer_norm", &AutogradKernel<AddLayerNormFunction, add_layer_norm_op>::call);
+  m.impl("layer_norm_backward", &layer_norm_backward_autograd);
 }

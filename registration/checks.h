@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "../ops/common/activations.h"
+#include "../ops/activations/math.h"
 
 namespace fused_ops {
 

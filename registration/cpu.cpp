@@ -1,13 +1,10 @@
 #include <torch/library.h>
 
-#include "../ops/add_layer_norm/add_layer_norm.h"
-#include "../ops/add_rms_norm/add_rms_norm.h"
-#include "../ops/bias_gelu/bias_gelu.h"
-#include "../ops/gelu_mul/gelu_mul.h"
-#include "../ops/layer_norm/layer_norm.h"
-#include "../ops/relu_add/relu_add.h"
-#include "../ops/rms_norm/rms_norm.h"
-#include "../ops/silu_mul/silu_mul.h"
+#include "../ops/activations/bias_gelu.h"
+#include "../ops/activations/gelu_mul.h"
+#include "../ops/activations/silu_mul.h"
+#include "../ops/elementwise/relu_add.h"
+#include "../ops/norms/norm.h"
 #include "entry_points.h"
 
 using namespace fused_ops;

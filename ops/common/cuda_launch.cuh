@@ -1,5 +1,5 @@
 #pragma once
-// Every kernel of the library launches through launch_kernel (or cluster_launch, cuda_norm.cuh) with
+// Every kernel of the library launches through launch_kernel (or cluster_launch, norms/cuda/clusters.cuh) with
 // programmatic dependent launch on sm_90 and newer: the GPU may start a kernel's blocks while the
 // kernel before it in the stream is still finishing, which hides most of the gap between two short
 // kernels (CUDA-graph replays of decode-sized calls). Correctness rests on one rule: every kernel
@@ -10,6 +10,8 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -20,6 +22,17 @@
 
 namespace fused_ops {
 namespace cuda {
+
+constexpr int kThreadsPerBlock = 256;
+
+// One block per kThreadsPerBlock work items, which streams faster than a persistent grid of SM-count
+// blocks with a loop and launches small tensors sooner (docs/design.md). The kernels still loop, so a
+// grid capped below CUDA's limit stays correct.
+inline unsigned int grid_size(int64_t work_items, int threads_per_block = kThreadsPerBlock) {
+  constexpr int64_t kMaxBlocks = int64_t(1) << 30;
+  const int64_t blocks = (work_items + threads_per_block - 1) / threads_per_block;
+  return static_cast<unsigned int>(std::max<int64_t>(1, std::min(blocks, kMaxBlocks)));
+}
 
 __device__ __forceinline__ void begin_dependent_kernel() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -55,8 +68,8 @@ void launch_kernel_with(cudaLaunchConfig_t config, cudaLaunchAttribute* attribut
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Arguments>(arguments)...));
 }
 
-// early = false: the kernel starts only after the previous one has finished (cuda_norm.cuh's
-// persistent backward and its column sums).
+// early = false: the kernel starts only after the previous one has finished (the norms' persistent
+// backward and its column sums).
 template <typename... Parameters, typename... Arguments>
 void launch_kernel_at(bool early, void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared_bytes,
                       cudaStream_t stream, Arguments&&... arguments) {

@@ -1,0 +1,160 @@
+#pragma once
+// Device math every norm path shares: block sums in a fixed order, the row statistics of the backward,
+// the residual add, and cp.async copies into shared memory. The norms' formulas are in ../norm.h.
+#include <ATen/OpMathType.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../../common/vector.cuh"
+#include "../norm.h"
+#include "launch_plan.h"
+
+namespace fused_ops {
+namespace cuda {
+
+// The 32-bit shared-window address of a pointer to shared memory, as PTX's shared-space operands take.
+__device__ __forceinline__ unsigned int shared_address(const void* pointer) {
+  return static_cast<unsigned int>(__cvta_generic_to_shared(pointer));
+}
+
+// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80 and later): the copy
+// occupies no registers while in flight. Copies committed together form a group; groups complete in
+// order, and wait_async_copies<N> returns once at most N of this thread's groups are pending.
+__device__ __forceinline__ void copy_16_bytes_async(void* shared_destination, const void* global_source) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_destination)),
+               "l"(global_source)
+               : "memory");
+#else
+  *static_cast<uint4*>(shared_destination) = *static_cast<const uint4*>(global_source);
+#endif
+}
+
+__device__ __forceinline__ void commit_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+template <int kPending>
+__device__ __forceinline__ void wait_async_copies() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t warp_sum(acc_t value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Sums kCount values over the block (blockDim.x a multiple of 32) in a fixed order; every thread
+// gets the sums. `shared` holds 32 * kCount values.
+template <int kCount, typename acc_t>
+__device__ __forceinline__ void block_sum(acc_t (&values)[kCount], acc_t* shared) {
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = warp_sum(values[i]);
+  __syncthreads();  // the previous call's readers are done with `shared`
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) shared[i * 32 + warp] = values[i];
+  }
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) values[i] = warp_sum(lane < warps ? shared[i * 32 + lane] : acc_t(0));
+}
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return ::rsqrt(value);
+  } else {
+    return rsqrtf(value);
+  }
+}
+
+// 1 / columns from the problem (a kernel parameter, which an FMUL reads as its operand): the row
+// statistics multiply by it instead of dividing (an IEEE division is a dozen instructions with its
+// slow-path check, on each reduction's critical path). The two-pack LayerNorm forward needs 40
+// registers instead of 53 (H200 bf16 4096x4096: 25.5 -> 21.7 us). Exact for power-of-two rows, else
+// within one rounding of the division.
+template <typename acc_t, typename Problem>
+__device__ __forceinline__ acc_t inverse_columns_of(const Problem& p) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return p.inverse_columns_double;
+  } else {
+    return p.inverse_columns_float;
+  }
+}
+
+// Backward of one row: its sums Σ (h - mean)², Σ gw·(h - mean), Σ gw (gw = grad · weight) over
+// the block give rstd and the means in grad_h = rstd · (gw - mean(gw) - n · mean(gw · n)),
+// n = (h - mean) · rstd (RMS: mean = mean(gw) = 0).
+template <typename acc_t>
+__device__ __forceinline__ void add_backward_terms(acc_t (&sums)[3], acc_t h, acc_t grad, acc_t weight, acc_t mean) {
+  const acc_t centered = h - mean;
+  const acc_t gw = grad * weight;
+  sums[0] += centered * centered;
+  sums[1] += gw * centered;
+  sums[2] += gw;
+}
+
+template <typename acc_t>
+struct BackwardRow {
+  acc_t mean;
+  acc_t rstd;
+  acc_t mean_gw;
+  acc_t mean_gw_n;
+  __device__ __forceinline__ acc_t normalized(acc_t h) const { return (h - mean) * rstd; }
+  __device__ __forceinline__ acc_t grad_h(acc_t grad, acc_t weight, acc_t n) const {
+    return rstd * (grad * weight - mean_gw - n * mean_gw_n);
+  }
+};
+
+// From the row's sums, already reduced.
+template <NormKind kKind, typename acc_t>
+__device__ __forceinline__ BackwardRow<acc_t> backward_row_of_sums(acc_t mean, const acc_t (&sums)[3],
+                                                                  acc_t inverse_columns, double eps) {
+  const acc_t rstd = reciprocal_sqrt(sums[0] * inverse_columns + static_cast<acc_t>(eps));
+  return {mean, rstd, kKind == NormKind::Layer ? sums[2] * inverse_columns : acc_t(0),
+          sums[1] * rstd * inverse_columns};
+}
+
+template <NormKind kKind, typename acc_t>
+__device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&sums)[3], acc_t inverse_columns,
+                                                          double eps, acc_t* shared) {
+  block_sum(sums, shared);
+  return backward_row_of_sums<kKind>(mean, sums, inverse_columns, eps);
+}
+
+// sum = x + residual, rounded to x's type. kPacked (16-bit pairs): HADD2, the exact sum rounded once,
+// which is float addition then rounding (for float16 checked on every pair of finite values); the
+// sums stay packed: bf16 four packs load first in 64 registers (96-98 with float additions).
+template <bool kPacked, typename scalar_t, int kWidth>
+__device__ __forceinline__ void add_residual_pack(Pack<scalar_t, kWidth>& sum, const Pack<scalar_t, kWidth>& residual) {
+  using acc_t = at::opmath_type<scalar_t>;
+  constexpr bool kBFloat16 = std::is_same_v<scalar_t, c10::BFloat16>;
+  if constexpr (kPacked && (kBFloat16 || std::is_same_v<scalar_t, c10::Half>) && kWidth % 2 == 0) {
+    using Pair = std::conditional_t<kBFloat16, __nv_bfloat162, __half2>;
+    auto* sum_pairs = reinterpret_cast<Pair*>(sum.values);
+    const auto* residual_pairs = reinterpret_cast<const Pair*>(residual.values);
+#pragma unroll
+    for (int j = 0; j < kWidth / 2; ++j) sum_pairs[j] = __hadd2(sum_pairs[j], residual_pairs[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kWidth; ++j) {
+      sum.values[j] = static_cast<scalar_t>(static_cast<acc_t>(sum.values[j]) + static_cast<acc_t>(residual.values[j]));
+    }
+  }
+}
+
+}  // namespace cuda
+}  // namespace fused_ops
