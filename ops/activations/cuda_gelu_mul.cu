@@ -7,7 +7,7 @@ namespace fused_ops {
 at::Tensor gelu_mul_cuda(const at::Tensor& x, GeluApproximation approximation) {
   return gated_forward(x, [&](const auto& problem) {
     with_kernel_gelu_approximation(for_16_bit_results(approximation, x.element_size() == 2), problem.rows,
-                                   [&](auto kernel_approximation) {
+                                   cuda::kFixedApproximationMaxRows, [&](auto kernel_approximation) {
       using Kernels = GeluMul<decltype(kernel_approximation)>;
       cuda::rowwise_cuda<Kernels::template Forward>(problem, x.scalar_type(), x.device(), kernel_approximation);
     });
@@ -17,7 +17,7 @@ at::Tensor gelu_mul_cuda(const at::Tensor& x, GeluApproximation approximation) {
 at::Tensor gelu_mul_backward_cuda(const at::Tensor& grad, const at::Tensor& x, GeluApproximation approximation) {
   return gated_backward(grad, x, [&](const auto& problem) {
     with_kernel_gelu_approximation(for_16_bit_results(approximation, x.element_size() == 2), problem.rows,
-                                   [&](auto kernel_approximation) {
+                                   cuda::kFixedApproximationMaxRows, [&](auto kernel_approximation) {
       using Kernels = GeluMul<decltype(kernel_approximation)>;
       cuda::rowwise_cuda<Kernels::template Backward>(problem, x.scalar_type(), x.device(), kernel_approximation);
     });

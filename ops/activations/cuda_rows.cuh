@@ -1,7 +1,7 @@
 #pragma once
-// Rowwise CUDA loop (see rows.h). Grid: x covers the columns of one row (one thread per
-// 16-byte vector, one block per 256 vectors as measured fastest in docs/benchmarks.md), y walks the
-// rows, up to kMaxRowsPerThread at a time. Small grids (decode) give each thread 1-8 elements of one
+// Rowwise CUDA loop (see rows.h; thresholds in launch_plan.h). Grid: x covers the columns of one row
+// (one thread per 16-byte vector, one block per 256 vectors), y walks the rows, up to kMaxRowsPerThread
+// at a time. Small grids (decode) give each thread 1-8 elements of one
 // row, no loops (launch_small_grid). Fast path: every operand has contiguous, 16-byte-aligned rows;
 // otherwise one element per thread with any strides.
 // Column sums of output 0 (bias gradients): partial rows + column_sum_kernel for many rows, one
@@ -20,25 +20,11 @@
 #include "../common/cuda_launch.cuh"
 #include "../common/dtype_dispatch.h"
 #include "../common/vector.cuh"
+#include "launch_plan.h"
 #include "rows.h"
 
 namespace fused_ops {
 namespace cuda {
-
-constexpr int64_t kMaxGridRows = 65535;
-
-// Each thread takes kRowsPerThread rows of its column vector and issues all their loads before
-// computing: the activations spend tens of instructions per element, so one load in flight per
-// thread left the memory system idle while warps computed. Small grids (decode) keep one row per
-// thread, where latency matters more than loads in flight.
-constexpr int kMaxRowsPerThread = 2;
-
-// Small grids (decode: a few rows) run rowwise_decode_kernel in blocks of 128 threads (8 elements per
-// thread: 1.28-1.45 µs against 1.33-1.59 in blocks of 64 at 16-32 rows of 8192, H200, Change 15), or
-// where its 32-bit offsets do not fit, the looping kernel in blocks of 64, so that a row of 8192
-// 16-bit values spreads over 16 SMs instead of 4 (Change 2).
-constexpr int kDecodeThreadsPerBlock = 128;
-constexpr int kSmallGridThreadsPerBlock = 64;
 
 // Index: int64_t, or int where the launcher checked that every offset fits (decode kernels).
 template <int kVectorBytes, typename scalar_t, int kInputs, int kOutputs, typename Index>
@@ -142,7 +128,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // A decode launch's parameters: a RowwiseProblem of contiguous rows cut to what the decode kernel
 // reads, with 32-bit strides and its first read (the vector count) first. For two inputs and one
 // output it spans bytes 0x210-0x23b of the constant bank, where RowwiseProblem spans 0x210-0x25f and its
-// first read sits at 0x258: 0.03-0.13 µs off every decode kernel (H200, docs/benchmarks.md Change 16).
+// first read sits at 0x258: every decode kernel starts sooner (docs/design.md).
 template <int kInputs, int kOutputs>
 struct DecodeProblem {
   int vectors_per_row;
@@ -170,9 +156,8 @@ __device__ __forceinline__ RowwiseProblem<kInputs, kOutputs> rowwise_problem_of(
 // Decode grids: each thread takes one column vector of up to kRowsPerThread rows, with no loops and
 // 32-bit offsets (launch_small_grid checks that they fit; with rows under 2^31 elements the grid
 // covers every vector, and vector indices stay below 2^30 + 128). kExactGrid: the blocks cover the
-// row's vectors exactly, so no bounds check. With one, every parameter read and blockIdx.y waited for
-// the check's exit and a kernel took 0.06-0.07 µs longer (H200 bf16 activations, docs/benchmarks.md
-// Change 19); Inductor's kernels skip it the same way for sizes their blocks divide.
+// row's vectors exactly, so no bounds check: with one, every parameter read and blockIdx.y waits for
+// the check's exit. Inductor's kernels skip it the same way for sizes their blocks divide.
 template <typename scalar_t, int kInputs, int kOutputs, int kRowsPerThread, typename sum_t, int kVectorBytes,
           bool kExactGrid, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -193,11 +178,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 // Column sums over few rows (decode) in one launch with every element in its own thread: a block
 // is kFewRowsVectorsPerBlock column vectors x kFewRowsLanes row lanes, lane l takes rows l,
 // l + kFewRowsLanes, ...; the lanes' sums meet in shared memory and are added in lane order
-// (deterministic). One thread per column over all rows instead left each SM a few warps running
-// hundreds of dependent instructions each (measured slower than two launches).
-constexpr int kFewRowsLanes = 16;
+// (deterministic). One thread per column over all rows instead leaves each SM a few warps running
+// hundreds of dependent instructions each, slower than two launches.
 constexpr int kFewRowsVectorsPerBlock = kThreadsPerBlock / kFewRowsLanes;
-constexpr int64_t kMaxFewRows = 4 * kFewRowsLanes;
 
 // Each lane's sums of the block's vectors meet in shared memory; thread t then adds column t of the
 // block over the lanes in lane order (deterministic) and writes it: consecutive threads, consecutive
@@ -249,11 +232,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
 
 // The few-rows column sums on the decode kernel's terms, for up to kMaxFewRowsDecode rows whose vectors
 // fill whole blocks and whose offsets fit in an int: the compact DecodeProblem, 32-bit indices, no
-// loop over groups, no bounds check on the vector. H200 bf16 bias_gelu forward + backward under graphs
-// (docs/benchmarks.md Change 19): tanh 16x8192 3.60 -> 3.17 µs, 4x8192 3.38 -> 2.84; erf 16x8192
-// 3.41 -> 3.22, 16x4096 3.31 -> 3.10. At 64 rows the erf lost (5.43 -> 5.61), so those keep
-// rowwise_few_rows_column_sums_kernel.
-constexpr int64_t kMaxFewRowsDecode = 2 * kFewRowsLanes;
+// loop over groups, no bounds check on the vector.
 
 template <typename scalar_t, int kInputs, int kOutputs, typename Op>
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -265,7 +244,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   RowwiseProblem<kInputs, kOutputs> problem = rowwise_problem_of(decode, Vec::kSize);
   const int vector = blockIdx.x * kFewRowsVectorsPerBlock + threadIdx.x;
   opmath_t sums[Vec::kSize] = {};
-  // Unrolled for kMaxFewRows rows, as measured; launched for up to kMaxFewRowsDecode.
+  // Unrolled for kMaxFewRows rows; launched for up to kMaxFewRowsDecode.
 #pragma unroll
   for (int k = 0; k < kMaxFewRows / kFewRowsLanes; ++k) {
     const int row = threadIdx.y + k * kFewRowsLanes;
@@ -302,19 +281,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       }
     }
   }
-}
-
-// Elements per thread of a decode grid: the fewest (a power of two, at most a 16-byte vector's) that
-// keep it to kDecodeThreadsPerSm threads per SM. H200, bf16 kernel times of the four activation ops,
-// elements per thread 1/2/4/8 measured at 1-32 rows of 8192 (docs/benchmarks.md, Change 15): one row
-// is fastest at 1-2, two rows at 2, four at 4, eight and more at 8.
-constexpr int64_t kDecodeThreadsPerSm = 64;
-
-inline int decode_elements_per_thread(int64_t elements, int max_elements) {
-  const int64_t threads = kDecodeThreadsPerSm * int64_t(sm_count());
-  int per_thread = 1;
-  while (per_thread < max_elements && elements > threads * per_thread) per_thread *= 2;
-  return per_thread;
 }
 
 // Every operand offset of the problem fits in an int (rowwise_decode_kernel's index math).
@@ -364,7 +330,7 @@ void launch_small_grid(const RowwiseProblem<kInputs, kOutputs>& problem, const O
                   kSmallGridThreadsPerBlock, 0, stream, problem, op, column_sums);
     return;
   }
-  const int elements = decode_elements_per_thread(problem.rows * problem.columns, Vec16<scalar_t>::kSize);
+  const int elements = decode_elements_per_thread(problem.rows * problem.columns, Vec16<scalar_t>::kSize, sm_count());
   with_vector_bytes<scalar_t>(elements, [&](auto vector_bytes) {
     constexpr int kVectorBytes = decltype(vector_bytes)::value;
     const int64_t vectors_per_row = problem.columns / Vec<scalar_t, kVectorBytes>::kSize;
@@ -410,7 +376,7 @@ void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem
     if (rows_are_vectorizable(problem, sizeof(scalar_t))) {
       const unsigned int column_blocks = grid_size(problem.columns / Vec16<scalar_t>::kSize);
       const int64_t row_groups = (problem.rows + kMaxRowsPerThread - 1) / kMaxRowsPerThread;
-      if (row_groups * column_blocks >= 4 * int64_t(sm_count())) {
+      if (!uses_decode_grid(row_groups, column_blocks, sm_count())) {
         const int64_t grid_rows = (row_groups + row_groups_per_thread - 1) / row_groups_per_thread;
         const dim3 grid(column_blocks, static_cast<unsigned int>(std::min(grid_rows, kMaxGridRows)));
         launch_kernel(rowwise_vectorized_kernel<scalar_t, kInputs, kOutputs, kMaxRowsPerThread, void, 16, Op<opmath_t>>,
@@ -427,7 +393,7 @@ void rowwise_cuda_in_row_groups(const RowwiseProblem<kInputs, kOutputs>& problem
   });
 }
 
-// One row group per thread: measured best for the memory-bound ops (tanh GELU, the gated ops).
+// One row group per thread, as the memory-bound ops take (bias_gelu_row_groups_per_thread).
 template <template <typename> class Op, int kInputs, int kOutputs, typename... Params>
 void rowwise_cuda(const RowwiseProblem<kInputs, kOutputs>& problem, at::ScalarType dtype, c10::Device device,
                   Params... params) {
@@ -482,11 +448,9 @@ void rowwise_cuda_with_column_sums(const RowwiseProblem<kInputs, kOutputs>& prob
       return;
     }
     const unsigned int column_blocks = grid_size(vectors_per_row);
-    // Enough blocks to fill the GPU (8 per SM), each looping over its rows; the partial rows cost
-    // about 1/(rows / row_blocks) of the output's traffic.
     const int64_t row_groups = (problem.rows + kMaxRowsPerThread - 1) / kMaxRowsPerThread;
     const int64_t row_blocks = std::max<int64_t>(
-        1, std::min({row_groups, (8 * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
+        1, std::min({row_groups, (kColumnSumBlocksPerSm * int64_t(sm_count()) + column_blocks - 1) / column_blocks, kMaxGridRows}));
     const dim3 grid(column_blocks, static_cast<unsigned int>(row_blocks));
     if (row_blocks == 1) {  // one block row (rows of millions of columns): it writes the sums itself
       launch_kernel(

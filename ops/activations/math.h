@@ -29,17 +29,12 @@ struct FixedGeluApproximation {
   FUSED_HOST_DEVICE constexpr operator GeluApproximation() const { return kApproximation; }
 };
 
-// The CUDA launchers' choice; calls function with a GeluApproximation or a FixedGeluApproximation.
-// Decode calls (up to 64 rows) get fixed kernels, one per approximation. H200, bf16: the erf's
-// bias_gelu 1x8192 forward + backward 3.6-3.7 -> 3.3 us, 16x8192 4.1 -> 3.7 (Change 2); the tanh's,
-// with the decode kernel, gelu_mul 16x8192 forward + backward kernels 3.29 -> 2.70 us, 1-2 rows
-// 0.02-0.08 us faster (Change 15; with the looping kernel of 8 elements per thread a fixed tanh
-// backward had run slower, 1.28 -> 1.55 us). Many rows keep the runtime kernel: there the fixed
-// kernels were 1-3% slower or faster by shape and dtype.
+// The CUDA launchers' choice; calls function with a GeluApproximation, or up to `fixed_max_rows` rows
+// (launch_plan.h) a FixedGeluApproximation.
 template <typename Function>
-void with_kernel_gelu_approximation(GeluApproximation approximation, int64_t rows, const Function& function) {
-  constexpr int64_t kFixedMaxRows = 64;
-  if (rows <= kFixedMaxRows) {
+void with_kernel_gelu_approximation(GeluApproximation approximation, int64_t rows, int64_t fixed_max_rows,
+                                    const Function& function) {
+  if (rows <= fixed_max_rows) {
     switch (approximation) {
       case GeluApproximation::None:
         return function(FixedGeluApproximation<GeluApproximation::None>{});
@@ -54,7 +49,7 @@ void with_kernel_gelu_approximation(GeluApproximation approximation, int64_t row
 
 // On the GPU in float: the SFU's exp2 and reciprocal (a few ulp, far inside float32's test
 // tolerance) instead of the IEEE-exact library calls, which cost several times the instructions
-// and made the activation kernels compute-bound (docs/benchmarks.md). Elsewhere the exact calls.
+// and make the activation kernels compute-bound. Elsewhere the exact calls.
 template <typename T>
 FUSED_HOST_DEVICE T fast_exp(T x) {
   return std::exp(x);
@@ -138,12 +133,11 @@ __device__ __forceinline__ float gaussian_cdf<float>(float x) {
   return gaussian_cdf_from_erfc(x, 0.35355339059327373f, kCoefficients);
 }
 
-// Degree 6 with p = 0.425, fitted (minimax, relative) by scripts/experiments/erfc_accuracy.py --fit:
+// Degree 6 with p = 0.425, fitted (minimax, relative) by scripts/tools/erfc_accuracy.py --fit:
 // relative error of erfc below 5.8e-6; gelu in float32 stays inside float32's test tolerance, and
 // 0.03% (bfloat16) / 0.17% (float16) of results round one ulp away from the correctly rounded value
 // (0.004% / 0.009% with degree 9).
-// Three fewer fma per element: the erf GELU's forward was issue-bound (Nsight Compute,
-// docs/benchmarks.md).
+// Three fewer fma per element: the erf GELU's forward is issue-bound.
 template <>
 __device__ __forceinline__ float gaussian_cdf_for_16_bit_results<float>(float x) {
   constexpr float kCoefficients[] = {-3.06021452f, 1.44212461f,   0.605197251f, 0.107930101f,

@@ -19,9 +19,10 @@ namespace cuda {
 
 // Mean of a row that the block holds as packs (pack k of a thread is threadIdx.x + k * blockDim.x);
 // 0 for RMSNorm, which does not center.
-template <NormKind kKind, typename acc_t, typename T, int kWidth, int kPacks>
-__device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[kPacks], int64_t packs_per_row,
+template <NormKind kKind, typename acc_t, typename T, int kBytes, int kPacks>
+__device__ __forceinline__ acc_t cached_row_mean(const Vec<T, kBytes> (&packs)[kPacks], int64_t packs_per_row,
                                                  acc_t inverse_columns, acc_t* shared) {
+  constexpr int kWidth = Vec<T, kBytes>::kSize;
   if constexpr (kKind == NormKind::RMS) {
     return acc_t(0);
   } else {
@@ -40,9 +41,9 @@ __device__ __forceinline__ acc_t cached_row_mean(const Pack<T, kWidth> (&packs)[
 
 // Hides a 16-byte pack's words from the compiler (an empty asm statement, no instruction), so that
 // values it converted to float before this point are converted again after it, not held in registers.
-template <typename T, int kWidth>
-__device__ __forceinline__ void drop_float_copies(Pack<T, kWidth>& pack) {
-  static_assert(sizeof(Pack<T, kWidth>) == 16, "drop_float_copies takes 16-byte packs");
+template <typename T, int kBytes>
+__device__ __forceinline__ void drop_float_copies(Vec<T, kBytes>& pack) {
+  static_assert(kBytes == 16, "drop_float_copies takes 16-byte packs");
   auto* words = reinterpret_cast<unsigned int*>(pack.values);
   asm volatile("" : "+r"(words[0]), "+r"(words[1]), "+r"(words[2]), "+r"(words[3]));
 }
@@ -107,8 +108,8 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
       }
     }
     block_sum(squares, shared);
-    // RMSNorm divides: its multiply let ptxas hoist the weight loads above the reduction, 40 -> 51
-    // registers in the two-pack forward (H200 bf16 4096x4096: 19.5 -> 21.5 us).
+    // RMSNorm divides: with a multiply ptxas hoists the weight loads above the reduction and the
+    // two-pack forward needs 51 registers instead of 40.
     const acc_t variance = kKind == NormKind::RMS ? squares[0] / p.columns : squares[0] * inverse_columns;
     const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
     if constexpr (kDropFloatCopies) {
@@ -144,35 +145,25 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormWideBlockThreads : kNormMax
 }
 
 // Many rows of four 16-bit packs per thread in blocks of 512, without a residual: three blocks per SM
-// (40 registers, the float copies of the row dropped so nothing spills) instead of two at the plain
-// kernel's 64. H200 bf16 4096x16384 forward: rms_norm 66.4 -> 65.2 µs, layer_norm 72.3 -> 67.7
-// (torch.compile 66.4 and 69.8). At 256 threads (16384x8192) it lost (rms_norm 128.7 -> 131.7), and
-// the bound alone spilled 64-104 bytes (docs/benchmarks.md Change 19).
+// (40 registers, the float copies of the row dropped so nothing spills) instead of the plain kernel's
+// two at 64 registers. Blocks of 256 lose with it, and the bound alone spills.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads, 3) norm_forward_cached_three_blocks_kernel(NormForwardProblem p) {
   begin_dependent_kernel();
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, false, true>(p);
 }
 
-// Loads first with a residual, held to 64 registers (4 blocks of 256 per SM, as the plain four-pack
-// kernel): float16 four packs (add_layer_norm 4096x16384) ran 137 µs bounded, 143-148
-// unbounded (both 64 registers, scheduled differently). A separate kernel: an explicit minimum of
-// one block on the plain kernel changes ptxas's choices (bf16 four packs 64 -> 80 registers).
+// Loads first with a residual, held to 64 registers (four blocks of 256 per SM, as the plain four-pack
+// kernel), which ptxas schedules better than the unbounded kernel at the same count. A separate kernel:
+// an explicit minimum of blocks on the plain kernel changes ptxas's choices there (80 registers).
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kNormMaxThreads, 2) norm_forward_cached_loads_first_kernel(NormForwardProblem p) {
   begin_dependent_kernel();
   norm_forward_cached_rows<scalar_t, weight_t, kKind, kWidth, kPacks, true>(p);
 }
 
-// Where loads first were measured to win (H200, add_rms_norm/add_layer_norm forwards, fused only):
-// bf16 with two packs (add_layer_norm 4096x4096 39.3 -> 35.9-36.3 µs), bf16 with four and packed
-// adds (add_layer_norm 4096x16384 149-153 -> 138-140, 16384x8192 274-275 -> 268) and float16 with
-// four (add_layer_norm 4096x16384 150 -> 137, 16384x8192 273 -> 264-268), and float16 with two once
-// its adds were packed too (add_layer_norm 4096x4096 37.1-37.8 -> 35.8; with float adds it ran 2-3 µs
-// slower than the plain kernel). One pack per thread (bf16 and float16, fused only, the plain
-// kernel issued the residual's load after x's arrived): add_layer_norm 16384x2048 70.4 -> 66.4 µs,
-// 512x4096 4.99 -> 4.73, add_rms_norm 16384x2048 67.5 -> 65.9, 64x4096 2.57 -> 2.37 (Change 12).
-// float32/float64: not measured.
+// Loads first pay off for 16-bit packs (bf16 and float16, one to four packs per thread, with packed
+// adds); float32 and float64 keep the plain kernel.
 template <typename scalar_t, int kWidth>
 constexpr bool forward_loads_first_fits() {
   return kWidth * sizeof(scalar_t) == 16 &&
@@ -183,13 +174,8 @@ constexpr bool forward_loads_first_fits() {
 // registers (kSharedSums false) or in shared memory as 16-byte chunks laid out [chunk][pack], so a
 // warp's accesses are consecutive and vectorized (each thread only touches its own columns). They
 // end as row blockIdx.x of weight_partials / bias_partials ([gridDim.x, columns], opmath), or, for a
-// grid of one block, directly in grad_weight / grad_bias. Measured on an H200 (docs/benchmarks.md):
-// registers win for RMSNorm rows of over 512 packs, shared memory everywhere else.
-// The one-pack backward's launch bound: 1024 for RMS rows (64 registers, the code measured since Change 3,
-// although no backward launches more than 512 threads since Change 16); the LayerNorm's kNormMaxThreads,
-// since at 64 registers it spills.
-template <NormKind kKind>
-constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
+// grid of one block, directly in grad_weight / grad_bias. Registers win for RMSNorm rows of over 512
+// packs, shared memory everywhere else (the launch plan's shared_sums).
 
 // Staged (kStaged): while the block reduces and writes one row, cp.async copies the x and
 // grad of its next row, then that row's grad_residual, into shared memory, so the row loop waits on
@@ -217,8 +203,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
   using acc_t = at::opmath_type<scalar_t>;
   static_assert(!kRowStatistics || (!kSharedSums && !kStaged), "row statistics replace the column sums");
   // Decode rows (one per block) of up to two packs per thread load weight and grad_residual with x
-  // and grad, not after the reduction: H200 bf16 16x8192 backward kernels 0.02-0.24 us faster
-  // (docs/benchmarks.md Change 13; four packs not measured).
+  // and grad, not after the reduction, so their latency overlaps.
   constexpr bool kEarlyLoads = kRowStatistics && kPacks <= 2;
   using XPack = Pack<scalar_t, kWidth>;
   using WPack = Pack<weight_t, kWidth>;

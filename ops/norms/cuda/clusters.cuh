@@ -1,15 +1,8 @@
 #pragma once
-// Cluster path (a few rows, on Hopper and later): each row's packs are split over a cluster of up to
-// eight blocks of four warps, on as many SMs, which reduce through distributed shared memory. A row
-// in one block runs 32 warps on one SM: ncu counts 11,296 warp instructions in the one-row
-// add_layer_norm forward, at least 2,824 cycles of its SM's four schedulers, about half its time
-// (docs/benchmarks.md, Change 10). The path takes only what gained on an H200 when each cluster-wide
-// sum still cost a cluster barrier (bf16, one row of 8192, kernel times, docs/benchmarks.md Change 11):
-// every backward (rms_norm 2.99 -> 2.35 us, layer_norm 3.54 -> 3.16) and the RMSNorm forwards
-// (rms_norm 2.15 -> 1.95, add_rms_norm 2.57 -> 2.00). A LayerNorm forward over a cluster, with its
-// second reduction, lost (layer_norm 2.56 -> 2.81), and so did 16 rows in clusters of eight
-// (layer_norm backward 3.00 -> 3.61). With pushed sums the LayerNorm forward gains (1 x 8192
-// 2.54 -> 1.98, add_layer_norm 16 x 8192 2.87 -> 2.15; Change 18).
+// The cluster path (a few rows, on code for sm_90 and later): each row's packs are split over a
+// thread-block cluster of up to eight blocks of four warps, on as many SMs, which reduce through
+// distributed shared memory. A decode row in one block is issue-bound on its one SM (its four schedulers
+// spend about half the kernel's time issuing); split over a cluster it is not (docs/design.md).
 
 #include <ATen/OpMathType.h>
 #include <cooperative_groups.h>
@@ -27,9 +20,8 @@ constexpr int kClusterWarps = kClusterBlockThreads / 32;
 
 // Cluster sums are pushed, not pulled. On sm_90 every cluster-scope release (cooperative_groups'
 // sync, barrier.cluster.arrive.release, fence.acq_rel.cluster) compiles to MEMBAR.ALL.GPU, which waits
-// for every store in flight; a sum read after such a barrier, and the exit barrier that kept each
-// block's slots alive for the others, cost the one-row rms_norm forward 0.42 us of its 1.90 and its
-// backward 0.51 of 2.10 (H200 bf16 x8192, docs/benchmarks.md Change 17). Instead each warp sends its
+// for every store in flight; a sum read after such a barrier, and an exit barrier that keeps each
+// block's slots alive for the others, cost a decode row a fifth of its time. Instead each warp sends its
 // partials to every block's inbox with st.async, whose bytes complete on the receiver's mbarrier: a
 // block waits only for its own inbox, and no block reads another's shared memory, so none waits to exit.
 // The inboxes are opened (mbarrier init, expected bytes) at the kernel's start, before one relaxed
@@ -127,21 +119,22 @@ struct ClusterRowPacks {
         packs_per_row(packs_per_row) {}
   __device__ __forceinline__ int64_t pack(int k) const { return first_pack + int64_t(k) * kClusterBlockThreads; }
   __device__ __forceinline__ bool in_row(int k) const { return pack(k) < packs_per_row; }
-  template <typename T, int kWidth, int kPacks>
-  __device__ __forceinline__ void load(Pack<T, kWidth> (&values)[kPacks], const void* base,
+  template <typename T, int kBytes, int kPacks>
+  __device__ __forceinline__ void load(Vec<T, kBytes> (&values)[kPacks], const void* base,
                                        int64_t row_offset = 0) const {
 #pragma unroll
     for (int k = 0; k < kPacks; ++k) {
-      if (in_row(k)) values[k] = load_pack<T, kWidth>(base, row_offset, pack(k));
+      if (in_row(k)) values[k] = load_pack<T, Vec<T, kBytes>::kSize>(base, row_offset, pack(k));
     }
   }
 };
 
 // With a residual: h += residual for this thread's packs of the row, stored as residual_out.
-template <typename scalar_t, int kWidth, int kPacks>
+template <typename scalar_t, int kBytes, int kPacks>
 __device__ __forceinline__ void add_cluster_residual(const ClusterRowPacks& packs, const NormForwardProblem& p,
-                                                     int64_t row, Pack<scalar_t, kWidth> (&h)[kPacks],
-                                                     const Pack<scalar_t, kWidth> (&residual)[kPacks]) {
+                                                     int64_t row, Vec<scalar_t, kBytes> (&h)[kPacks],
+                                                     const Vec<scalar_t, kBytes> (&residual)[kPacks]) {
+  constexpr int kWidth = Vec<scalar_t, kBytes>::kSize;
   if (!p.residual) return;
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
@@ -152,8 +145,8 @@ __device__ __forceinline__ void add_cluster_residual(const ClusterRowPacks& pack
 }
 #endif
 
-// kWeightFirst (launched without a residual): weight loads before x, so its latency overlaps x's; one
-// row of 8192 0.12 us faster on an H200 bf16, and 0.06 us slower with a residual (Change 13).
+// kWeightFirst (launched without a residual): weight loads before x, so its latency overlaps x's (with
+// a residual the early load costs more than it hides).
 template <typename scalar_t, typename weight_t, int kWidth, int kPacks, bool kWeightFirst>
 __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster_kernel(NormForwardProblem p) {
   begin_dependent_kernel();
@@ -209,8 +202,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
 }
 
 // The LayerNorm forward on the same split, with two pushed sums: the mean, then the centred squares
-// (two passes over registers, so a row far from zero keeps its precision). Barrier sums made this
-// design lose (Change 11: layer_norm 1 x 8192 2.56 -> 2.81 us); pushed, it gains (Change 18).
+// (two passes over registers, so a row far from zero keeps its precision). Only pushed sums make the
+// second reduction cheap enough for the cluster to win.
 template <typename scalar_t, typename weight_t, int kWidth, int kPacks>
 __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_cluster_kernel(NormForwardProblem p) {
   begin_dependent_kernel();
@@ -297,8 +290,8 @@ __global__ void __launch_bounds__(kClusterBlockThreads)
   cluster_inboxes_opened();
   const ClusterRowPacks packs(p.columns / kWidth, kPacks);
   const int64_t row = kRowStatistics ? blockIdx.x / cg::this_cluster().num_blocks() : 0;
-  // Every input loads at once: weight and grad_residual after the reductions cost the one-row
-  // backwards 0.26-0.49 us (H200 bf16 x8192, docs/benchmarks.md Change 13).
+  // Every input loads at once: weight and grad_residual loaded after the reductions would add their
+  // latency to the row's.
   XPack x[kPacks];
   XPack grad[kPacks];
   WPack weight[kPacks];

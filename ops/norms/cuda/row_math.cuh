@@ -83,9 +83,8 @@ __device__ __forceinline__ acc_t reciprocal_sqrt(acc_t value) {
 
 // 1 / columns from the problem (a kernel parameter, which an FMUL reads as its operand): the row
 // statistics multiply by it instead of dividing (an IEEE division is a dozen instructions with its
-// slow-path check, on each reduction's critical path). The two-pack LayerNorm forward needs 40
-// registers instead of 53 (H200 bf16 4096x4096: 25.5 -> 21.7 us). Exact for power-of-two rows, else
-// within one rounding of the division.
+// slow-path check, on each reduction's critical path); the two-pack LayerNorm forward then needs 40
+// registers instead of 53. Exact for power-of-two rows, else within one rounding of the division.
 template <typename acc_t, typename Problem>
 __device__ __forceinline__ acc_t inverse_columns_of(const Problem& p) {
   if constexpr (std::is_same_v<acc_t, double>) {
@@ -138,8 +137,9 @@ __device__ __forceinline__ BackwardRow<acc_t> backward_row(acc_t mean, acc_t (&s
 // sum = x + residual, rounded to x's type. kPacked (16-bit pairs): HADD2, the exact sum rounded once,
 // which is float addition then rounding (for float16 checked on every pair of finite values); the
 // sums stay packed: bf16 four packs load first in 64 registers (96-98 with float additions).
-template <bool kPacked, typename scalar_t, int kWidth>
-__device__ __forceinline__ void add_residual_pack(Pack<scalar_t, kWidth>& sum, const Pack<scalar_t, kWidth>& residual) {
+template <bool kPacked, typename scalar_t, int kBytes>
+__device__ __forceinline__ void add_residual_pack(Vec<scalar_t, kBytes>& sum, const Vec<scalar_t, kBytes>& residual) {
+  constexpr int kWidth = Vec<scalar_t, kBytes>::kSize;
   using acc_t = at::opmath_type<scalar_t>;
   constexpr bool kBFloat16 = std::is_same_v<scalar_t, c10::BFloat16>;
   if constexpr (kPacked && (kBFloat16 || std::is_same_v<scalar_t, c10::Half>) && kWidth % 2 == 0) {
