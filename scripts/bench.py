@@ -5,28 +5,37 @@ once) over its median time, compared with the device's copy bandwidth measured i
 run. CUDA: CUDA events, CUDA graphs for small sizes, medians. Also runs on CPU (smaller sizes).
 
 Each workload is timed in --rounds rounds (default 2 on CUDA), the variants' order rotated from
-one round to the next, and each figure is the lowest of its rounds' medians: on an H200 the variant
-timed first after new inputs ran up to 3% slower than in second place (our rms_norm forward at
-4096x16384: 69.2-69.7 us first, 67.2-67.5 second; Inductor's 68.4-69.5 either way; docs/benchmarks.md
-Change 20), and a fixed order gave that handicap to the fused op on every row.
+one round to the next, and each figure is the lowest of its rounds' medians: the variant timed first
+after new inputs runs up to 3% slower than in second place, and a fixed order would give that
+handicap to one variant on every row.
 
-    python scripts/bench.py [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28] [--rounds 2] [--out DIR]
+The ops and their eager composites come from the test registry (tests/op_specs.py). Results go to
+OUT/bench.json, a plot OUT/bench.png, and one row per op, shape, dtype, mode and variant appended to
+the CSV (--csv, default OUT/results.csv; docs/results.csv holds the published rows).
+
+    python scripts/bench.py [--headline] [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28]
+                            [--rounds 2] [--out DIR] [--csv FILE] [--fused-label NAME]
 """
 import argparse
+import csv
 import itertools
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from datetime import date
 from math import nan
 
 import torch
-import torch.nn.functional as F
 
 import fused_ops
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+from op_specs import ACTIVATION_CASES, NORM_CASES, OPS_BY_NAME, as_outputs  # noqa: E402
 
 # Rows of 8192 (a transformer hidden size) once a tensor is that large, e.g. 2^27 = 16384 x 8192.
 ROW = 8192
@@ -39,83 +48,50 @@ def shape_for(numel):
 
 # ---- benchmarked cases. A workload: op label, dtype, shape, inputs, the fused call, the eager
 # composite it replaces, and the minimal elements moved forward and forward+backward.
+RELU_ADD = OPS_BY_NAME["relu_add"]
+
+
 def relu_add_composite(x, y):
-    return torch.relu(x) + y + 0.5
+    return (RELU_ADD.composite or RELU_ADD.reference)(x, y, bias=0.5)
 
 
 def relu_add_fused(x, y):
-    return torch.ops.fused.relu_add(x, y, 0.5)
+    return RELU_ADD.fused(x, y, bias=0.5)
 
 
-def gated_composite(activation):
-    def composite(x):
-        gate, up = x.chunk(2, dim=-1)
-        return activation(gate) * up
-    return composite
-
-
-ACTIVATIONS = {
-    # op label: (fused, composite, gated)
-    "bias_gelu_tanh": (lambda x, b: torch.ops.fused.bias_gelu(x, b, "tanh"),
-                       lambda x, b: F.gelu(x + b, approximate="tanh"), False),
-    "bias_gelu_none": (lambda x, b: torch.ops.fused.bias_gelu(x, b, "none"), lambda x, b: F.gelu(x + b), False),
-    "silu_mul": (torch.ops.fused.silu_mul, gated_composite(F.silu), True),
-    "gelu_mul_tanh": (lambda x: torch.ops.fused.gelu_mul(x, "tanh"),
-                      gated_composite(lambda t: F.gelu(t, approximate="tanh")), True),
-}
-
-
-def rms_norm_composite(x, weight, eps=1e-6):
-    return F.rms_norm(x, x.shape[-1:], weight, eps)
-
-
-def add_norm_composite(norm):
-    def composite(x, residual, *parameters):
-        h = x + residual
-        return norm(h, *parameters), h
-    return composite
-
-
-def layer_norm_composite(x, weight, bias, eps=1e-5):
-    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
-
-
-NORMS = {
-    # op label: (fused, composite, residual, bias)
-    "rms_norm": (lambda x, w: torch.ops.fused.rms_norm(x, w, 1e-6), rms_norm_composite, False, False),
-    "add_rms_norm": (lambda x, r, w: torch.ops.fused.add_rms_norm(x, r, w, 1e-6),
-                     add_norm_composite(rms_norm_composite), True, False),
-    "add_layer_norm": (lambda x, r, w, b: torch.ops.fused.add_layer_norm(x, r, w, b, 1e-5),
-                       add_norm_composite(layer_norm_composite), True, True),
-    "layer_norm": (lambda x, w, b: torch.ops.fused.layer_norm(x, w, b, 1e-5), layer_norm_composite, False, True),
-}
-# (rows, H): decode, the issue's 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
+# Activation variants timed by default (the rest can be named with --ops).
+DEFAULT_ACTIVATIONS = ["bias_gelu_tanh", "bias_gelu_none", "silu_mul", "gelu_mul_tanh"]
+NORMS = ["rms_norm", "add_rms_norm", "add_layer_norm", "layer_norm"]
+# (rows, H): decode, 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
 NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
 NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
+# --headline: the shapes of the README table, few enough to time before and after a change in one run.
+HEADLINE_RELU_ADD = [(torch.float32, 1 << 28), (torch.bfloat16, 1 << 27), (torch.float32, 1 << 12)]
+HEADLINE_ACTIVATION_ROWS = (16, 16384)
+HEADLINE_NORM_SHAPES = [(16, 8192), (16384, 8192)]
 
 
-def as_outputs(result):
-    return result if isinstance(result, tuple) else (result,)
-
-
-def workloads(device, dtypes, sizes, ops):
+def workloads(device, dtypes, sizes, ops, headline=False):
     if "relu_add" in ops:
-        for dtype in dtypes:
-            for numel in sizes:
-                shape = shape_for(numel)
-                # forward: x, y in, out out. Backward: grad in, grad_x out (grad_y is grad), and the
-                # bit mask that the forward writes and the backward reads, 1/8 byte per element each way.
-                mask_elements = numel / 4 / dtype.itemsize
-                yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
-                    torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
-                    relu_add_fused, relu_add_composite, 3 * numel, 5 * numel + mask_elements)
+        relu_add_cases = HEADLINE_RELU_ADD if headline else [(dtype, numel) for dtype in dtypes for numel in sizes]
+        for dtype, numel in relu_add_cases:
+            shape = shape_for(numel)
+            # forward: x, y in, out out. Backward: grad in, grad_x out (grad_y is grad), and the bit
+            # mask that the forward writes and the backward reads, 1/8 byte per element each way.
+            mask_elements = numel / 4 / dtype.itemsize
+            yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
+                torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
+                relu_add_fused, relu_add_composite, 3 * numel, 5 * numel + mask_elements)
     hidden = 8192 if device == "cuda" else 1024
     row_counts = (1, 16, 16384) if device == "cuda" else (1, 16, 256)
-    for op, (fused, composite, gated) in ACTIVATIONS.items():
+    for op, case in ACTIVATION_CASES.items():
         if op not in ops and op.rsplit("_", 1)[0] not in ops:
             continue
-        # float16 always joins on CUDA: its bandwidth is compared with bfloat16's (issue 4).
+        fused, composite, gated = case.fused, case.composite, case.gated
+        # float16 joins on CUDA: its bandwidth is compared with bfloat16's.
         activation_dtypes = dtypes + ([torch.float16] if device == "cuda" and torch.float16 not in dtypes else [])
+        if headline:
+            activation_dtypes, row_counts = [torch.bfloat16], HEADLINE_ACTIVATION_ROWS
         for dtype in activation_dtypes:
             for rows in row_counts if dtype == torch.bfloat16 else row_counts[-1:]:
                 numel = rows * hidden
@@ -130,9 +106,13 @@ def workloads(device, dtypes, sizes, ops):
     # The norms' targets are for bfloat16; float16 joins when asked for.
     norm_dtypes = [torch.bfloat16] + ([torch.float16] if torch.float16 in dtypes else [])
     norm_shapes = NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU
-    for op, (fused, composite, residual, bias) in NORMS.items():
+    if headline:
+        norm_dtypes, norm_shapes = [torch.bfloat16], HEADLINE_NORM_SHAPES
+    for op in NORMS:
         if op not in ops and "norms" not in ops:
             continue
+        case = NORM_CASES[op]
+        fused, composite, residual, bias = case.fused, case.composite, case.residual, case.bias
         for dtype, (rows, hidden) in itertools.product(norm_dtypes, norm_shapes):
             numel = rows * hidden
             def make(rows=rows, hidden=hidden, residual=residual, bias=bias, dtype=dtype):
@@ -207,8 +187,7 @@ def median_time_us(run, device, numel, repeats):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         # An untimed run first: the GPU is still busy with it when `start` is recorded, so the timed
         # span holds no wait for the host to launch the first call (a graph replay from Python, or a
-        # step's first kernels). Same build, old -> new: relu_add fp32 2^12 under a graph 1.3 -> 1.1 us,
-        # rms_norm 16384x8192 forward 139.6 -> 133.7, torch.compile's 137.8 -> 128.0 (Change 14).
+        # step's first kernels).
         run()
         start.record()
         run()
@@ -227,10 +206,8 @@ def copy_bandwidth_gbs(device, numel=None, repeats=None):
 
 
 # After each workload a shorter copy is timed again (`copy_gbs_near` on its rows). A device that
-# slows down mid-run then shows instead of passing as a slow kernel: on a two-GPU H200 host, while
-# the other GPU ran compute-sanitizer, whole stretches of a run came out several times slow for
-# every variant (docs/benchmarks.md, Change 4). Rows below DISTURBED_FRACTION of the run's copy
-# bandwidth are flagged in the table and the JSON.
+# slows down mid-run (another job on a shared host) then shows instead of passing as a slow kernel.
+# Rows below DISTURBED_FRACTION of the run's copy bandwidth are flagged in the table and the JSON.
 DISTURBED_FRACTION = 0.8
 
 
@@ -280,7 +257,7 @@ def run(args):
     copy_gbs = copy_bandwidth_gbs(device)
     rows = []
     variants = args.variants
-    planned = list(workloads(device, dtypes, sizes, args.ops))
+    planned = list(workloads(device, dtypes, sizes, args.ops, headline=args.headline))
     progress = Progress(len(planned) * 2 * len(variants) * rounds)
     for op, dtype, shape, numel, make_inputs, fused, composite, forward_elements, training_elements in planned:
         inputs = make_inputs()
@@ -320,7 +297,44 @@ def run(args):
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
         "cuda": torch.version.cuda, "copy_gbs": copy_gbs, "python_call_us": overhead, "rows": rows,
+        "commit": source_commit(),
     }
+
+
+def source_commit():
+    """The commit benchmarked: FUSED_OPS_COMMIT, else git's HEAD (with '+' when the tree has changes)."""
+    if os.environ.get("FUSED_OPS_COMMIT"):
+        return os.environ["FUSED_OPS_COMMIT"]
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+CSV_COLUMNS = ["op", "shape", "dtype", "mode", "variant", "us", "gbs", "percent_of_copy", "gpu", "torch", "date",
+               "commit"]
+
+
+def append_csv(result, path, fused_label):
+    """One row per op, shape, dtype, mode and variant; the header is written when the file is new."""
+    new_file = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as file:
+        writer = csv.writer(file)
+        if new_file:
+            writer.writerow(CSV_COLUMNS)
+        for row in result["rows"]:
+            for variant in ("fused", "eager", "compile"):
+                if f"{variant}_us" not in row:
+                    continue
+                writer.writerow([row["op"], "x".join(map(str, row["shape"])), row["dtype"], row["mode"],
+                                 fused_label if variant == "fused" else variant, f"{row[f'{variant}_us']:.2f}",
+                                 f"{row[f'{variant}_gbs']:.0f}",
+                                 f"{100 * row[f'{variant}_gbs'] / result['copy_gbs']:.1f}", result["device"],
+                                 result["torch"], result["date"], result["commit"]])
 
 
 def print_table(result):
@@ -381,7 +395,7 @@ def plot(result, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", nargs="+", default=["relu_add", *ACTIVATIONS, *NORMS],
+    parser.add_argument("--ops", nargs="+", default=["relu_add", *DEFAULT_ACTIVATIONS, *NORMS],
                         help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
                              "(rms_norm, add_rms_norm, add_layer_norm, layer_norm) or 'norms'")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
@@ -393,6 +407,10 @@ def main():
                         help="rounds per workload, the variants' order rotated each round (default 2 on CUDA, 1 on CPU)")
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU even when a GPU is present")
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
+    parser.add_argument("--csv", default=None, help="CSV to append the rows to (default OUT/results.csv)")
+    parser.add_argument("--headline", action="store_true", help="only the shapes of the README table")
+    parser.add_argument("--fused-label", default="fused",
+                        help="the variant name of the fused rows in the CSV (e.g. 'before' for a baseline build)")
     parser.add_argument("--variants", nargs="+", default=["fused", "eager", "compile"],
                         choices=["fused", "eager", "compile"],
                         help="what to time (fused alone to compare two builds of the library)")
@@ -403,7 +421,10 @@ def main():
     with open(os.path.join(args.out, "bench.json"), "w") as file:
         json.dump(result, file, indent=1)
     plotted = plot(result, os.path.join(args.out, "bench.png"))
-    print(f"wrote {args.out}/bench.json" + (f" and {args.out}/bench.png" if plotted else " (no size sweep to plot)"))
+    csv_path = args.csv or os.path.join(args.out, "results.csv")
+    append_csv(result, csv_path, args.fused_label)
+    print(f"wrote {args.out}/bench.json, rows appended to {csv_path}" +
+          (f", and {args.out}/bench.png" if plotted else " (no size sweep to plot)"))
 
 
 if __name__ == "__main__":

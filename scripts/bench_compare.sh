@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Times the fused ops of two builds in one run: BASE_SOURCE (another checkout of fused_ops, e.g.
-# `git archive <rev> | tar -x -C DIR`) fused-only, then this checkout against eager and
-# torch.compile. A kernel change is measured against its baseline on the same GPU, same session.
+# `git archive <rev> | tar -x -C DIR`) fused only, then this checkout against eager and
+# torch.compile. A kernel change is measured against its baseline on the same GPU, in one run.
 #   PYTHON=python3 scripts/bench_compare.sh BASE_SOURCE OUTDIR [bench.py arguments]
 set -euo pipefail
 BASE_SOURCE="$(cd "${1:?usage: scripts/bench_compare.sh BASE_SOURCE OUTDIR [bench args]}" && pwd)"
@@ -19,11 +19,13 @@ source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" > "$OUTDIR/setup.log" 2>&1 || {
 wait "$base_build" || { tail -n 40 "$OUTDIR/base_build.log"; exit 1; }
 cd "$ROOT"
 echo "[bench_compare] baseline ($BASE_SOURCE), fused only"
-PYTHONPATH="$BASE_SITE" "$PY" scripts/bench.py --variants fused --out "$OUTDIR/base" "$@" > "$OUTDIR/base.log" 2>&1
+PYTHONPATH="$BASE_SITE" "$PY" scripts/bench.py --variants fused --fused-label before --out "$OUTDIR/base" \
+  --csv "$OUTDIR/results.csv" "$@" > "$OUTDIR/base.log" 2>&1
 grep -v "^\[" "$OUTDIR/base.log" | tail -n 40
 echo "[bench_compare] this checkout"
-"$PY" scripts/bench.py --out "$OUTDIR/new" "$@" > "$OUTDIR/new.log" 2>&1
+"$PY" scripts/bench.py --out "$OUTDIR/new" --csv "$OUTDIR/results.csv" "$@" > "$OUTDIR/new.log" 2>&1
 grep -v "^\[" "$OUTDIR/new.log" | tail -n 40
 rm -rf "$BASE_SITE"
-# Four files remain (base.log, new.log and the two bench.json): the device tool returns 8 at most.
-rm -f "$OUTDIR/base/bench.png" "$OUTDIR/new/bench.png" "$OUTDIR/base_build.log" "$OUTDIR/setup.log"
+# What remains: base.log, new.log, the two bench.json, the new plot and results.csv (rows of both builds:
+# the baseline's fused rows as variant 'before').
+rm -f "$OUTDIR/base/bench.png" "$OUTDIR/base_build.log" "$OUTDIR/setup.log"

@@ -8,9 +8,9 @@
 #   runs each tool's tests in N pytest-xdist workers. The tools run at once, spread round-robin over
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 #   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool.
-#   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection: racecheck and
-#   initcheck over everything take about 520 s on two H200s plus the build, so a machine lent for
-#   10 minutes at a time runs them as SANITIZER_SHARD=1/2 and 2/2.
+#   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection, TEST_SHARD=k/n the
+#   k-th of n parts of the test suite: a run longer than one sitting splits into n runs.
+#   The test step includes the slow tests (FUSED_OPS_SLOW=1: huge tensors, long determinism runs).
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -43,8 +43,8 @@ if step tests; then
   echo "[gpu_check] test suite"
   parallel=()
   "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
-  FUSED_OPS_HYPOTHESIS_EXAMPLES="${FUSED_OPS_HYPOTHESIS_EXAMPLES:-1000}" \
-    "$PY" -m pytest tests -q -p no:cacheprovider -rs ${parallel[@]+"${parallel[@]}"} > "$OUTDIR/tests.log" 2>&1 || status=1
+  FUSED_OPS_HYPOTHESIS_EXAMPLES="${FUSED_OPS_HYPOTHESIS_EXAMPLES:-1000}" FUSED_OPS_SLOW=1 \
+    FUSED_OPS_TEST_SHARD="${TEST_SHARD:-}" "$PY" -m pytest tests -q -p no:cacheprovider -rs ${parallel[@]+"${parallel[@]}"} > "$OUTDIR/tests.log" 2>&1 || status=1
   grep -E "passed|failed|SKIPPED|FAILED|Error" "$OUTDIR/tests.log" | tail -n 15
 fi
 
@@ -57,13 +57,12 @@ if step sanitizer; then
   # smaller shapes); CUDA graph capture cannot run without the caching allocator (cudaMalloc is
   # illegal while capturing), so graphs are covered by the test step only.
   selection="$selection and not deterministic and not cuda_graph"
-  # SANITIZER_WORKERS pytest-xdist workers per tool (compute-sanitizer follows them). 4 per tool,
-  # two tools at once on 16 cores, ran 504 tests in 82-101 s (2026-11-30); 14 per tool on 32 cores
-  # finished no test in 7 minutes.
+  # SANITIZER_WORKERS pytest-xdist workers per tool (compute-sanitizer follows them): about 4 per
+  # tool with two tools on 16 cores; many more workers per tool stall the tools.
   # The files whose tests are the longest under the tools (hypothesis examples, many long norm
   # rows) go first, and idle workers steal queued tests (--dist worksteal): with the default
-  # scheduling a test that stalled one worker held about 40 queued tests with it, so racecheck and
-  # initcheck never finished a run (2026-11-30). -v names each finished test and --durations the
+  # scheduling a test that stalls one worker holds the tests queued behind it. -v names each
+  # finished test and --durations the
   # slowest; --timeout turns a stalled test into a failure with every thread's stack.
   test_files=(tests/test_properties.py tests/test_reliability.py tests/test_norms.py)
   for file in tests/test_*.py; do
@@ -84,15 +83,14 @@ if step sanitizer; then
     # memcheck, racecheck and synccheck instrument only this library's kernels (racecheck flags
     # aten's own reduce kernels, and skipping them makes the runs several times faster).
     # initcheck must see every kernel: writes by uninstrumented aten kernels are not tracked, so
-    # with the filter it reports their outputs as uninitialized (measured 2026-11-30: 41664 false
-    # reports on one test, 0 without the filter).
+    # with the filter it reports their outputs as uninitialized (tens of thousands of false reports
+    # on one test, none without the filter).
     filter=(--kernel-name kns=fused_ops)
     [ "$tool" = initcheck ] && filter=()
-    # racecheck hangs when 8 host threads launch at once (test_eight_threads_call_every_op): in 5
-    # of 6 runs on an H200 (2026-11-30, CUDA 13.0), with 20, 2 or 1 rounds, it printed "Internal
-    # Sanitizer Error: Detected a failure to track a kernel launch" and made no more progress; the
-    # one run that finished reported 0 hazards. racecheck looks for shared-memory hazards inside a
-    # block, which host threads do not change, and single-threaded tests launch the same kernels.
+    # racecheck (CUDA 13.0) hangs when 8 host threads launch at once (test_eight_threads_call_every_op)
+    # after "Internal Sanitizer Error: Detected a failure to track a kernel launch". racecheck looks
+    # for shared-memory hazards inside a block, which host threads do not change, and the
+    # single-threaded tests launch the same kernels.
     tool_selection="$selection"
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
     CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 \

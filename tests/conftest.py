@@ -7,12 +7,20 @@ import torch
 
 import fused_ops  # noqa: F401  (registers torch.ops.fused.*)
 
-DEVICES = [
-    "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(
-        not (torch.cuda.is_available() and fused_ops.cuda_kernels_compiled()),
-        reason="needs a CUDA GPU and the CUDA kernels")),
-]
+# CUDA cases are collected only where they can run: a machine without a GPU reports no skips for them.
+CUDA_AVAILABLE = torch.cuda.is_available() and fused_ops.cuda_kernels_compiled()
+DEVICES = ["cpu", "cuda"] if CUDA_AVAILABLE else ["cpu"]
+# Slow tests (huge tensors, long determinism runs) run where FUSED_OPS_SLOW=1 (scripts/gpu_check.sh).
+RUN_SLOW = os.environ.get("FUSED_OPS_SLOW") == "1"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda_only: runs only on CUDA (not collected without a GPU; its CPU "
+                                       "cases are never collected)")
+    config.addinivalue_line("markers", "slow: minutes per test; collected only with FUSED_OPS_SLOW=1")
+    config.addinivalue_line("markers", "absent(predicate): parameter combinations that do not exist, left out "
+                                       "of collection (predicate(**params) is true); give a named function "
+                                       "through pytest.mark.absent.with_args")
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 
 # Tolerance of one op's result against a float64 reference computed from the same inputs:
@@ -25,10 +33,27 @@ TOLERANCE = {
 }
 
 
+def _runs_here(item):
+    """False for a case that cannot run on this machine or does not exist: cuda_only tests without a
+    GPU or on the CPU device, slow tests without FUSED_OPS_SLOW=1, and combinations a test declares
+    absent with `pytest.mark.absent(lambda **params: ...)` (called with the test's parameters)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if item.get_closest_marker("cuda_only") and (not CUDA_AVAILABLE or params.get("device") == "cpu"):
+        return False
+    if item.get_closest_marker("slow") and not RUN_SLOW:
+        return False
+    return not any(marker.args[0](**params) for marker in item.iter_markers("absent"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    """FUSED_OPS_TEST_SHARD=k/n keeps every n-th selected test from the k-th on, so a run too long
-    for one sitting (compute-sanitizer over every op: scripts/gpu_check.sh) splits into n runs."""
+    """Leaves out what cannot run here (_runs_here). FUSED_OPS_TEST_SHARD=k/n then keeps every n-th
+    test from the k-th on, so a run too long for one sitting (the GPU suite, compute-sanitizer over
+    every op: scripts/gpu_check.sh) splits into n runs."""
+    left_out = [item for item in items if not _runs_here(item)]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if _runs_here(item)]
     shard = os.environ.get("FUSED_OPS_TEST_SHARD")
     if not shard:
         return
@@ -75,9 +100,7 @@ def assert_same_gradients(output, expected_output, inputs, **tolerances):
 
 def assert_bad_input_rejected(cases, case):
     """Case number `case` of a list of (call, message fragment): the call raises a RuntimeError
-    containing the message. Lists are longer on CUDA (device mismatch), so a missing case skips."""
-    if case >= len(cases):
-        pytest.skip("case exists on cuda only")
+    containing the message."""
     call, message = cases[case]
     with pytest.raises(RuntimeError) as error:
         call()

@@ -1,10 +1,13 @@
-"""Every op of the registry, described once for the reliability tests (property tests, threads,
-CUDA graphs and streams, huge tensors). A new op slots in with one OpSpec line in OPS."""
+"""The op registry: every op described once. The cross-cutting tests (property, threads, CUDA graphs
+and streams, huge tensors), the per-family tests (through the family views below: ACTIVATION_CASES,
+NORM_CASES) and scripts/bench.py all read OPS, so a new op slots in with one OpSpec in OPS."""
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
+
+import fused_ops
 
 
 def gated(activation):
@@ -27,9 +30,25 @@ class OpSpec:
     # float64 inputs and options -> how much looser than the dtype's tolerance the absolute error
     # of gradients may be (ill-conditioned math, e.g. a norm of a row with a tiny RMS)
     gradient_scale: Callable = lambda inputs, **options: 1.0
+    family: str = "elementwise"  # the folder under ops/: elementwise, activations, norms
+    # the eager code a user would write instead, as the bench times it (default: reference)
+    composite: Optional[Callable] = None
 
     def call(self, inputs, **options):
         return self.fused(*inputs, **options)
+
+    @property
+    def op(self):
+        return getattr(torch.ops.fused, self.name).default
+
+    def variants(self):
+        """(label, options) for each choice of the options that take a list of choices: bias_gelu ->
+        ("bias_gelu_none", {"approximate": "none"}), ("bias_gelu_tanh", ...); an op without choices -> (name, {})."""
+        result = [(self.name, {})]
+        for option, values in self.options.items():
+            if isinstance(values, list):
+                result = [(f"{label}_{value}", {**chosen, option: value}) for label, chosen in result for value in values]
+        return result
 
 
 def as_outputs(result):
@@ -53,6 +72,10 @@ def norm_shapes(residual, bias):
     def shapes(shape):
         return [list(shape)] * (2 if residual else 1) + [[shape[-1]]] * (2 if bias else 1)
     return shapes
+
+
+def gated_composite(activation):
+    return lambda x, **options: gated(lambda t: activation(t, **options))(x)
 
 
 def rms_norm_reference(h, weight, eps=1e-6):
@@ -80,27 +103,148 @@ OPS = [
            {"bias": (-4.0, 4.0)}, broadcasts=(1,)),
     OpSpec("bias_gelu", lambda x, b, approximate="none": torch.ops.fused.bias_gelu(x, b, approximate),
            lambda x, b, approximate="none": F.gelu(x + b, approximate=approximate), bias_shapes,
-           {"approximate": ["none", "tanh"]}, min_dims=1),
-    OpSpec("silu_mul", lambda x: torch.ops.fused.silu_mul(x), gated(F.silu), gated_shapes, min_dims=1),
+           {"approximate": ["none", "tanh"]}, min_dims=1, family="activations"),
+    OpSpec("silu_mul", lambda x: torch.ops.fused.silu_mul(x), gated(F.silu), gated_shapes, min_dims=1,
+           family="activations"),
     OpSpec("gelu_mul", lambda x, approximate="none": torch.ops.fused.gelu_mul(x, approximate),
            lambda x, approximate="none": gated(lambda t: F.gelu(t, approximate=approximate))(x), gated_shapes,
-           {"approximate": ["none", "tanh"]}, min_dims=1),
+           {"approximate": ["none", "tanh"]}, min_dims=1, family="activations"),
     OpSpec("rms_norm", lambda x, w, eps=1e-6: torch.ops.fused.rms_norm(x, w, eps), rms_norm_reference,
            norm_shapes(False, False), {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps)),
+           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps), family="norms",
+           composite=lambda x, w, eps=1e-6: F.rms_norm(x, x.shape[-1:], w, eps)),
     OpSpec("add_rms_norm", lambda x, r, w, eps=1e-6: torch.ops.fused.add_rms_norm(x, r, w, eps),
            lambda x, r, w, eps=1e-6: (rms_norm_reference(x + r, w, eps), x + r), norm_shapes(True, False),
            {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps, residual=True)),
+           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps, residual=True), family="norms",
+           composite=lambda x, r, w, eps=1e-6: (F.rms_norm(x + r, x.shape[-1:], w, eps), x + r)),
     OpSpec("layer_norm", lambda x, w, b, eps=1e-5: torch.ops.fused.layer_norm(x, w, b, eps), layer_norm_reference,
            norm_shapes(False, True), {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, centered=True)),
+           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, centered=True), family="norms"),
     OpSpec("add_layer_norm", lambda x, r, w, b, eps=1e-5: torch.ops.fused.add_layer_norm(x, r, w, b, eps),
            lambda x, r, w, b, eps=1e-5: (layer_norm_reference(x + r, w, b, eps), x + r), norm_shapes(True, True),
            {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, residual=True, centered=True)),
+           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, residual=True, centered=True),
+           family="norms"),
 ]
 OPS_BY_NAME = {spec.name: spec for spec in OPS}
+
+
+def random(shape, dtype, device):
+    return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
+
+
+# ---- Family views of the registry, for the per-family tests and the bench.
+
+@dataclass
+class ActivationCase:
+    """One variant of an activation op (bias_gelu with approximate='tanh', ...)."""
+    spec: OpSpec
+    options: dict
+
+    @property
+    def gated(self):  # x is [..., 2d] (else x [..., H] with a bias [H])
+        return self.spec.input_shapes is gated_shapes
+
+    @property
+    def op(self):
+        return self.spec.op
+
+    @property
+    def extra(self):  # trailing non-tensor arguments of the op
+        return tuple(self.options.values())
+
+    def fused(self, *inputs):
+        return getattr(fused_ops, self.spec.name)(*inputs, **self.options)
+
+    def reference(self, *inputs):
+        return self.spec.reference(*inputs, **self.options)
+
+    def composite(self, *inputs):
+        return (self.spec.composite or self.spec.reference)(*inputs, **self.options)
+
+    def inputs(self, shape, dtype, device):
+        """Random inputs for an output of `shape`."""
+        return tuple(random(tuple(input_shape), dtype, device) for input_shape in self.spec.input_shapes(list(shape)))
+
+
+ACTIVATION_CASES = {label: ActivationCase(spec, options)
+                    for spec in OPS if spec.family == "activations" for label, options in spec.variants()}
+
+
+@dataclass
+class NormCase:
+    """A norm op with or without its bias (layer norms), through the typed wrappers of fused_ops."""
+    spec: OpSpec
+    bias: bool
+
+    @property
+    def layer(self):  # LayerNorm (else RMSNorm)
+        return "layer_norm" in self.spec.name
+
+    @property
+    def residual(self):
+        return self.spec.name.startswith("add_")
+
+    @property
+    def eps(self):
+        return 1e-5 if self.layer else 1e-6
+
+    @property
+    def op(self):
+        return self.spec.op
+
+    def inputs(self, shape, dtype, device, weight_dtype=None):
+        """x, [residual], weight, [bias]; weight (and bias) of weight_dtype (default: x's dtype)."""
+        weight_dtype = weight_dtype or dtype
+        hidden = shape[-1]
+        tensors = [random(shape, dtype, device)]
+        if self.residual:
+            tensors.append(random(shape, dtype, device))
+        tensors.append((1 + 0.5 * torch.randn(hidden, device=device)).to(weight_dtype))
+        if self.bias:
+            tensors.append(random((hidden,), weight_dtype, device))
+        return tensors
+
+    def split(self, tensors):
+        tensors = list(tensors)
+        x = tensors.pop(0)
+        residual = tensors.pop(0) if self.residual else None
+        weight = tensors.pop(0)
+        bias = tensors.pop(0) if self.bias else None
+        return x, residual, weight, bias
+
+    def op_arguments(self, tensors, eps=None):
+        """The op's positional arguments: tensors (None for an absent bias), then eps."""
+        x, residual, weight, bias = self.split(tensors)
+        args = [x] + ([residual] if self.residual else []) + [weight] + ([bias] if self.layer else [])
+        return (*args, self.eps if eps is None else eps)
+
+    def fused(self, *tensors, eps=None):
+        """Outputs of the fused op (its typed wrapper) as a tuple."""
+        return as_outputs(getattr(fused_ops, self.spec.name)(*self.op_arguments(tensors, eps)))
+
+    def composite(self, *tensors):
+        """The eager code the op replaces, as the bench times it."""
+        return (self.spec.composite or self.spec.reference)(*self.op_arguments(tensors))
+
+    def reference(self, *tensors, eps=None):
+        """The eager composite in float64; h = x + residual rounded to x's dtype first, as eager stores it."""
+        x, residual, weight, bias = self.split(tensors)
+        eps = self.eps if eps is None else eps
+        h = x + residual if self.residual else x
+        h64 = h if h.dtype == torch.float64 else h.double()
+        weight, bias = weight.double(), None if bias is None else bias.double()
+        out = layer_norm_reference(h64, weight, bias, eps) if self.layer else rms_norm_reference(h64, weight, eps)
+        return (out, h64) if self.residual else (out,)
+
+
+NORM_CASES = {}
+for _spec in OPS:
+    if _spec.family == "norms":
+        NORM_CASES[_spec.name] = NormCase(_spec, bias="layer_norm" in _spec.name)
+        if "layer_norm" in _spec.name:
+            NORM_CASES[_spec.name + "_no_bias"] = NormCase(_spec, bias=False)
 
 
 def strided(shape, dtype, device, layout, generator=None):

@@ -25,9 +25,9 @@ def save_scripted(model, path):
         torch.jit.script(model).save(str(path))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
-    """The relu_add model scripted, and the inputs, saved once per test session."""
+    """The relu_add model scripted, and the inputs, saved once per module."""
     folder = tmp_path_factory.mktemp("deploy")
     model = MatmulReluAdd()
     save_scripted(model, folder / "model.pt")
@@ -86,7 +86,7 @@ def test_fresh_process_with_only_load_library(artifacts, device, name, tmp_path)
         torch.testing.assert_close(g.cpu(), w.cpu(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def aoti_available(tmp_path_factory):
     """Some torch builds crash constructing any AOTIModelPackageLoader; probe in a subprocess."""
     folder = tmp_path_factory.mktemp("aoti_probe")
@@ -193,7 +193,7 @@ def test_cmake_prefix_path_command():
     assert os.path.isfile(os.path.join(prefix, "share", "cmake", "FusedOps", "FusedOpsConfig.cmake"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def example_binary(tmp_path_factory):
     """runtime/example configured and built once against the installed package."""
     source = os.path.join(os.path.dirname(__file__), "..", "runtime", "example")

@@ -2,7 +2,6 @@
 precision, layouts, long rows, gradients, determinism, modules, modes and bad input."""
 import re
 import warnings
-from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,86 +11,10 @@ from torch.library import opcheck
 import fused_ops
 from conftest import (assert_bad_input_rejected, assert_close_to_reference, assert_same_gradients, cuda_kernels_run_by,
                       library_runs_sm90_code)
-from op_specs import as_outputs, layer_norm_reference, rms_norm_reference
+from op_specs import NORM_CASES, random
 
 
-def random(shape, dtype, device):
-    return torch.randn(shape, dtype=torch.float32, device=device).to(dtype)
-
-
-@dataclass
-class NormSpec:
-    layer: bool  # LayerNorm (else RMSNorm)
-    residual: bool
-    bias: bool = False
-
-    @property
-    def eps(self):
-        return 1e-5 if self.layer else 1e-6
-
-    def inputs(self, shape, dtype, device, weight_dtype=None):
-        """x, [residual], weight, [bias]; weight (and bias) of weight_dtype (default: x's dtype)."""
-        weight_dtype = weight_dtype or dtype
-        hidden = shape[-1]
-        tensors = [random(shape, dtype, device)]
-        if self.residual:
-            tensors.append(random(shape, dtype, device))
-        tensors.append((1 + 0.5 * torch.randn(hidden, device=device)).to(weight_dtype))
-        if self.bias:
-            tensors.append(random((hidden,), weight_dtype, device))
-        return tensors
-
-    def split(self, tensors):
-        tensors = list(tensors)
-        x = tensors.pop(0)
-        residual = tensors.pop(0) if self.residual else None
-        weight = tensors.pop(0)
-        bias = tensors.pop(0) if self.bias else None
-        return x, residual, weight, bias
-
-    def fused(self, *tensors, eps=None):
-        """Outputs of the fused op as a tuple."""
-        x, residual, weight, bias = self.split(tensors)
-        eps = self.eps if eps is None else eps
-        if self.layer:
-            result = (fused_ops.add_layer_norm(x, residual, weight, bias, eps) if self.residual
-                      else fused_ops.layer_norm(x, weight, bias, eps))
-        else:
-            result = fused_ops.add_rms_norm(x, residual, weight, eps) if self.residual \
-                else fused_ops.rms_norm(x, weight, eps)
-        return as_outputs(result)
-
-    def reference(self, *tensors, eps=None):
-        """The eager composite in float64; h = x + residual rounded to x's dtype first, as eager stores it."""
-        x, residual, weight, bias = self.split(tensors)
-        eps = self.eps if eps is None else eps
-        h = x + residual if self.residual else x
-        h64 = h if h.dtype == torch.float64 else h.double()
-        weight, bias = weight.double(), None if bias is None else bias.double()
-        out = layer_norm_reference(h64, weight, bias, eps) if self.layer else rms_norm_reference(h64, weight, eps)
-        return (out, h64) if self.residual else (out,)
-
-    @property
-    def op(self):
-        name = ("add_" if self.residual else "") + ("layer_norm" if self.layer else "rms_norm")
-        return getattr(torch.ops.fused, name).default
-
-    def op_arguments(self, tensors):
-        x, residual, weight, bias = self.split(tensors)
-        args = [x] + ([residual] if self.residual else []) + [weight]
-        if self.layer:
-            args.append(bias)
-        return (*args, self.eps)
-
-
-SPECS = {
-    "rms_norm": NormSpec(layer=False, residual=False),
-    "add_rms_norm": NormSpec(layer=False, residual=True),
-    "layer_norm": NormSpec(layer=True, residual=False, bias=True),
-    "layer_norm_no_bias": NormSpec(layer=True, residual=False),
-    "add_layer_norm": NormSpec(layer=True, residual=True, bias=True),
-    "add_layer_norm_no_bias": NormSpec(layer=True, residual=True),
-}
+SPECS = NORM_CASES
 # A reduction over the row, then one rounding: a few ulp of the dtype.
 SCALE = 4.0
 
@@ -122,11 +45,10 @@ def test_values(spec, device, dtype, shape):
 
 
 @pytest.mark.parametrize("shape", [(1024, 16376), (1100, 16384)])
+@pytest.mark.cuda_only
 def test_values_of_many_rows_of_2048_packs(spec, device, dtype, shape):
     """On CUDA, 16-bit rows of 2047 and 2048 packs take four packs per thread in blocks of 512; bf16
     without a residual, a kernel held to three blocks per SM (2047: the last pack of the last thread empty)."""
-    if device != "cuda":
-        pytest.skip("a CUDA block-size case; the CPU kernels are covered by test_values")
     inputs = spec.inputs(shape, dtype, device)
     assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
 
@@ -216,11 +138,10 @@ def test_nan_and_inf_follow_eager(spec, device):
 
 
 @pytest.mark.parametrize("shape", [(2, 8192), (1200, 4096), (200, 8192)])
+@pytest.mark.absent(lambda spec, **_: not SPECS[spec].residual)
 def test_residual_out_is_the_eager_sum_at_every_magnitude(spec, device, dtype, shape):
     """residual_out equals eager's x + residual bit for bit, subnormals to overflow included; the
     shapes reach the CUDA forward's one-, two- and four-pack kernels."""
-    if not spec.residual:
-        pytest.skip("no residual")
     low, high = {torch.float16: (-26, 16), torch.bfloat16: (-135, 128)}.get(dtype, (-60, 60))
     generator = torch.Generator().manual_seed(0)
 
@@ -256,19 +177,22 @@ def check_gradients(spec, inputs, dtype, device, used):
         assert_close_to_reference(grad, want, dtype, SCALE * (rows ** 0.5 if is_parameter else 2))
 
 
+def absent_gradient_case(spec, dtype, used, weight_dtype=None, **_):
+    """Combinations that do not exist: one-output ops have no choice of outputs, float32 weights go
+    with 16-bit x only."""
+    return (not SPECS[spec].residual and used != "both") or (
+        weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16))
+
+
 def check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype=None):
-    """check_gradients on random inputs of `shape`; skips combinations that do not exist (one-output
-    ops have no choice of outputs, float32 weights go with 16-bit x only)."""
-    if not spec.residual and used != "both":
-        pytest.skip("one output")
-    if weight_dtype is not None and dtype not in (torch.float16, torch.bfloat16):
-        pytest.skip("float32 weights are for 16-bit x")
+    """check_gradients on random inputs of `shape`."""
     inputs = [t.requires_grad_(True) for t in spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)]
     check_gradients(spec, inputs, dtype, device, used)
 
 
 @pytest.mark.parametrize("shape", [(33, 17), (2, 3, 64), (129,), (300, 1024)])
 @pytest.mark.parametrize("used", ["both", "out", "residual_out"])
+@pytest.mark.absent.with_args(absent_gradient_case)
 def test_gradients(spec, device, dtype, shape, used):
     check_gradients_of_random_inputs(spec, shape, dtype, device, used)
 
@@ -276,25 +200,23 @@ def test_gradients(spec, device, dtype, shape, used):
 @pytest.mark.parametrize("shape", [(600, 8192), (300, 16384), (600, 4096), (600, 3000)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
+@pytest.mark.absent.with_args(absent_gradient_case)
+@pytest.mark.cuda_only
 def test_gradients_of_many_long_rows(spec, device, dtype, shape, used, weight_dtype):
     """More rows than resident blocks, of over 256 16-byte packs (two or four per thread, 3000
     leaving some threads' last pack empty): on CUDA the backward copies each block's next row into
     shared memory while it works on the current one (cp.async), with and without a grad_residual
     to stage, and with float32 weights for 16-bit x."""
-    if device != "cuda":
-        pytest.skip("the staged CUDA backward")
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
+@pytest.mark.cuda_only
+@pytest.mark.absent(lambda spec, **_: SPECS[spec].layer)
 def test_many_long_rows_run_the_staged_backward(spec, device):
     """The RMSNorms' backward of 600 bf16 rows of 8192 runs the staged kernel, with a grad_residual too:
     its 48 KiB of slots beside the kernel's static arrays once failed the shared-memory opt-in, and the
     plain kernel ran instead, correct and 9% slower. (Whether the LayerNorms' column sums in shared
     memory leave room for the slots at full occupancy depends on the GPU.)"""
-    if device != "cuda":
-        pytest.skip("the staged CUDA backward")
-    if spec.layer:
-        pytest.skip("LayerNorm staging depends on the GPU's shared memory")
     shared_per_sm = getattr(torch.cuda.get_device_properties(device), "shared_memory_per_multiprocessor", None)
     if shared_per_sm is not None and shared_per_sm < 2 * 52 * 1024:
         pytest.skip("two staged blocks per SM need about 100 KiB of shared memory (H100/H200: 228 KiB)")
@@ -315,6 +237,7 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
                                    (5, 7000)])
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
+@pytest.mark.absent.with_args(absent_gradient_case)
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
@@ -325,12 +248,13 @@ def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype
     check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
 
 
+@pytest.mark.cuda_only
 def test_one_row_runs_on_a_cluster(spec, device):
     """From Hopper, the backward of one bf16 row of 8192 runs on a cluster of SMs, and so does the
     forward (RMSNorm or LayerNorm): the decode path is taken, not silently replaced by the one-block
     kernels it measured faster than. A build without sm_90 code (TORCH_CUDA_ARCH_LIST=8.0+PTX) must
     take those kernels instead: its PTX, JIT-compiled on Hopper, cannot launch clusters."""
-    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+    if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     inputs = [t.requires_grad_(True) for t in spec.inputs((1, 8192), torch.bfloat16, device)]
 
@@ -347,12 +271,13 @@ def test_one_row_runs_on_a_cluster(spec, device):
 
 @pytest.mark.parametrize("shape", [(8, 8192), (32, 8192), (33, 8192), (16, 16384), (17, 16384), (16, 4096),
                                    (1, 4096), (4, 2048)])
+@pytest.mark.cuda_only
 def test_forward_rows_on_clusters(spec, device, shape):
     """From Hopper, the forward of a few rows runs one cluster per row: up to 32 rows of four to eight
     blocks of one pack per thread (4096 and 8192), up to 16 of two packs (16384); the LayerNorm without
     a residual only on full clusters of eight blocks (8192 and 16384). Rows of two blocks (2048) and
     more rows stay in one block per row."""
-    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+    if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     inputs = spec.inputs(shape, torch.bfloat16, device)
     kernels = cuda_kernels_run_by(lambda: spec.fused(*inputs))
@@ -367,11 +292,12 @@ def test_forward_rows_on_clusters(spec, device, shape):
 
 @pytest.mark.parametrize("shape", [(2, 8192), (32, 8192), (33, 8192), (16, 16384), (17, 16384), (16, 4096),
                                    (1, 2048), (4, 2048)])
+@pytest.mark.cuda_only
 def test_backward_rows_on_clusters(spec, device, shape):
     """From Hopper, the backward of a few rows runs one cluster per row under the forwards' rule (up to
     32 rows of 4096 and 8192, 16 of 16384, one row of 2048), and from 2 rows the weight gradients are
     then summed by columns (weight_grad_kernel) from the rows' statistics."""
-    if device != "cuda" or torch.cuda.get_device_capability()[0] < 9:
+    if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters: CUDA from Hopper")
     inputs = [t.requires_grad_(True) for t in spec.inputs(shape, torch.bfloat16, device)]
     outputs = spec.fused(*inputs)
@@ -614,5 +540,6 @@ def bad_norm_inputs(device):
 
 
 @pytest.mark.parametrize("case", range(16))
+@pytest.mark.absent(lambda device, case: case >= len(bad_norm_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_norm_inputs(device), case)

@@ -10,9 +10,7 @@ from conftest import DEVICES, TOLERANCE
 from op_specs import OPS, as_outputs
 
 SPEC_IDS = [spec.name for spec in OPS]
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-# Rounds of every op per thread in test_eight_threads_call_every_op; lowered by hand to see how a
-# compute-sanitizer tool copes with fewer concurrent launches (docs/reliability.md, run log).
+# Rounds of every op per thread in test_eight_threads_call_every_op; compute-sanitizer runs take fewer.
 THREAD_ROUNDS = int(os.environ.get("FUSED_OPS_THREAD_ROUNDS", "20"))
 
 
@@ -67,7 +65,7 @@ def test_eight_threads_call_every_op(device):
     assert not failures, failures
 
 
-@needs_cuda
+@pytest.mark.cuda_only
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 def test_cuda_graph_replays_on_new_values(spec):
     options = default_options(spec)
@@ -97,7 +95,7 @@ def test_cuda_graph_replays_on_new_values(spec):
             torch.testing.assert_close(grad.double(), want, rtol=1e-4, atol=1e-4)
 
 
-@needs_cuda
+@pytest.mark.cuda_only
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 def test_side_stream(spec):
     options = default_options(spec)
@@ -144,7 +142,7 @@ def assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad
         torch.testing.assert_close(actual.double().cpu(), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
 
 
-@needs_cuda
+@pytest.mark.cuda_only
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 @pytest.mark.parametrize("timing", ["eager", "graph"])
 def test_back_to_back_dependent_calls(spec, timing):
@@ -156,8 +154,8 @@ def test_back_to_back_dependent_calls(spec, timing):
     shape = (256, 512) if timing == "graph" else (1024, 2048)
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
     leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
-    # Shapes only. Made with autograd and kept alive, its leaves' AccumulateGrad nodes stay on the
-    # default stream, and capturing any op's chain backward then fails (docs/benchmarks.md Change 23).
+    # Shapes only, without autograd: a graph made with autograd and kept alive would keep its leaves'
+    # AccumulateGrad nodes on the default stream, and capturing any op's chain backward then fails.
     with torch.no_grad():
         probe = chained_calls(spec, step_inputs, leading, options, spec.fused)
     grad_outs = [torch.randn(out.shape).cuda() for out in probe]  # made by a copy: no CUDA RNG state
@@ -187,6 +185,7 @@ def test_back_to_back_dependent_calls(spec, timing):
         assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options)
 
 
+@pytest.mark.cuda_only
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 def test_second_gpu(spec):
@@ -215,7 +214,8 @@ def huge_memory_ok(bytes_needed):
     return free > bytes_needed
 
 
-@needs_cuda
+@pytest.mark.cuda_only
+@pytest.mark.slow
 @pytest.mark.parametrize("spec, shape", HUGE_CASES)
 def test_more_than_2_to_the_31_elements(spec, shape):
     """Forward and backward on an output of more than 2^31 bf16 elements, checked on rows at both

@@ -125,7 +125,7 @@ __device__ __forceinline__ float gaussian_cdf_from_erfc(float x, float t_slope, 
 }
 
 // Numerical Recipes' erfcc (p = 1/2, degree 9): relative error below 1.2e-7 for every z >= 0.
-// Checked in float32 against float64 by scripts/experiments/erfc_accuracy.py.
+// Checked in float32 against float64 by scripts/tools/erfc_accuracy.py.
 template <>
 __device__ __forceinline__ float gaussian_cdf<float>(float x) {
   constexpr float kCoefficients[] = {-2.82574822f, 1.4427292f,    0.539700616f, 0.139630057f, -0.26875686f,

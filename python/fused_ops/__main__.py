@@ -1,5 +1,7 @@
 """`python -m fused_ops`: what is installed and registered."""
 import argparse
+import os
+import sys
 
 import torch
 
@@ -29,4 +31,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (`python -m fused_ops | head`): not an error. Point stdout at
+        # devnull so that the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

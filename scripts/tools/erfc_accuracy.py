@@ -8,7 +8,7 @@ gelu(x) = x Φ(x) and gelu'(x) = Φ(x) + x φ(x), and how many exceed float32's 
 float16, differ from the correctly rounded value. `--fit` refits the 16-bit polynomial
 (erfc(z) = t exp(-z^2 + P(t)), t = 1 / (1 + p z); minimax relative error by Lawson's iteration;
 needs scipy) for degrees 5-7 and prints the coefficients in the device's log2 units.
-    python scripts/experiments/erfc_accuracy.py [--fit]
+    python scripts/tools/erfc_accuracy.py [--fit]
 """
 import sys
 from math import erf, erfc, sqrt

@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# SASS instructions (and MUFU ops) per kernel of a compiled object, demangled: the instruction
-# counts quoted in docs/benchmarks.md. Needs cuobjdump and nvdisasm, which the CUDA 13 toolkit on
-# the development machine lacks; they come as wheels:
+# SASS instructions (and MUFU ops) per kernel of a compiled object, demangled. Needs cuobjdump and
+# nvdisasm; where the CUDA toolkit lacks them, they come as wheels:
 #   python3 -m pip download --no-deps -d /tmp/cudatools nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
 #   (cd /tmp/cudatools && for w in *.whl; do unzip -o -q "$w"; done)
-#   PATH=$PATH:/tmp/cudatools/nvidia/cu13/bin scripts/experiments/sass_count.sh \
-#     build/<dir>/CMakeFiles/fused_ops.dir/ops/bias_gelu/cuda.cu.o
+#   PATH=$PATH:/tmp/cudatools/nvidia/cu13/bin scripts/tools/sass_count.sh \
+#     build/<dir>/CMakeFiles/fused_ops.dir/ops/activations/cuda_bias_gelu.cu.o
 # Static counts: both sides of a branch are counted, loops once.
 set -euo pipefail
 cuobjdump -sass "${1:?usage: sass_count.sh OBJECT}" | awk '
