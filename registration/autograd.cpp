@@ -53,27 +53,27 @@ class FusedOp<Return(Args...)> {
 using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
 using ThreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
 using OptionalTensor = std::optional<at::Tensor>;
-using Tensor = const at::Tensor&;
-using Options = c10::string_view;
+using TensorRef = const at::Tensor&;
+using StringOption = c10::string_view;
 
-const FusedOp<at::Tensor(Tensor, Tensor, double)> relu_add_op{"fused::relu_add"};
-const FusedOp<at::Tensor(Tensor, Tensor)> relu_add_backward_op{"fused::relu_add_backward"};
-const FusedOp<TwoTensors(Tensor, Tensor, double)> relu_add_with_mask_op{"fused::relu_add_with_mask"};
-const FusedOp<at::Tensor(Tensor, Tensor)> relu_add_backward_masked_op{"fused::relu_add_backward_masked"};
-const FusedOp<at::Tensor(Tensor, Tensor, Options)> bias_gelu_op{"fused::bias_gelu"};
-const FusedOp<TwoTensors(Tensor, Tensor, Tensor, Options)> bias_gelu_backward_op{"fused::bias_gelu_backward"};
-const FusedOp<at::Tensor(Tensor)> silu_mul_op{"fused::silu_mul"};
-const FusedOp<at::Tensor(Tensor, Tensor)> silu_mul_backward_op{"fused::silu_mul_backward"};
-const FusedOp<at::Tensor(Tensor, Options)> gelu_mul_op{"fused::gelu_mul"};
-const FusedOp<at::Tensor(Tensor, Tensor, Options)> gelu_mul_backward_op{"fused::gelu_mul_backward"};
-const FusedOp<at::Tensor(Tensor, Tensor, double)> rms_norm_op{"fused::rms_norm"};
-const FusedOp<TwoTensors(Tensor, Tensor, Tensor, double)> add_rms_norm_op{"fused::add_rms_norm"};
-const FusedOp<TwoTensors(Tensor, Tensor, Tensor, double, const OptionalTensor&)> rms_norm_backward_op{
+const FusedOp<at::Tensor(TensorRef, TensorRef, double)> relu_add_op{"fused::relu_add"};
+const FusedOp<at::Tensor(TensorRef, TensorRef)> relu_add_backward_op{"fused::relu_add_backward"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, double)> relu_add_with_mask_op{"fused::relu_add_with_mask"};
+const FusedOp<at::Tensor(TensorRef, TensorRef)> relu_add_backward_masked_op{"fused::relu_add_backward_masked"};
+const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> bias_gelu_op{"fused::bias_gelu"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, StringOption)> bias_gelu_backward_op{"fused::bias_gelu_backward"};
+const FusedOp<at::Tensor(TensorRef)> silu_mul_op{"fused::silu_mul"};
+const FusedOp<at::Tensor(TensorRef, TensorRef)> silu_mul_backward_op{"fused::silu_mul_backward"};
+const FusedOp<at::Tensor(TensorRef, StringOption)> gelu_mul_op{"fused::gelu_mul"};
+const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> gelu_mul_backward_op{"fused::gelu_mul_backward"};
+const FusedOp<at::Tensor(TensorRef, TensorRef, double)> rms_norm_op{"fused::rms_norm"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double)> add_rms_norm_op{"fused::add_rms_norm"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> rms_norm_backward_op{
     "fused::rms_norm_backward"};
-const FusedOp<at::Tensor(Tensor, Tensor, const OptionalTensor&, double)> layer_norm_op{"fused::layer_norm"};
-const FusedOp<TwoTensors(Tensor, Tensor, Tensor, const OptionalTensor&, double)> add_layer_norm_op{
+const FusedOp<at::Tensor(TensorRef, TensorRef, const OptionalTensor&, double)> layer_norm_op{"fused::layer_norm"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double)> add_layer_norm_op{
     "fused::add_layer_norm"};
-const FusedOp<ThreeTensors(Tensor, Tensor, Tensor, double, const OptionalTensor&)> layer_norm_backward_op{
+const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> layer_norm_backward_op{
     "fused::layer_norm_backward"};
 
 inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }

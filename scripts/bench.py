@@ -369,7 +369,7 @@ def plot(result, path):
         counts[key] = counts.get(key, 0) + 1
     groups = sorted(key for key, count in counts.items() if count >= 3)  # size sweeps only
     if not groups:
-        return False
+        return plot_relative_times(result, path)
     columns = 4
     lines = (len(groups) + columns - 1) // columns
     figure, axes = plt.subplots(lines, columns, figsize=(5 * columns, 4 * lines), squeeze=False)
@@ -390,6 +390,33 @@ def plot(result, path):
     figure.suptitle(f"{result['device']}, torch {result['torch']}, {result['date']}")
     figure.tight_layout()
     figure.savefig(path, dpi=80)
+    return True
+
+
+def plot_relative_times(result, path):
+    """Without a size sweep (--headline): each row's time relative to torch.compile's, fused and eager."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in result["rows"] if "compile_us" in r and "eager_us" in r]
+    if not rows:
+        return False
+    labels = [f"{r['op']} {r['dtype']} {'x'.join(map(str, r['shape']))} {r['mode']}" for r in rows]
+    figure, axis = plt.subplots(figsize=(8, 0.25 * len(rows) + 1.2))
+    positions = range(len(rows))
+    for offset, variant in ((-0.2, "fused"), (0.2, "eager")):
+        ratios = [r[f"{variant}_us"] / r["compile_us"] for r in rows]
+        axis.barh([p + offset for p in positions], [ratio - 1 for ratio in ratios], left=1, height=0.4, label=variant)
+    axis.axvline(1.0, color="gray", linestyle="--", label="torch.compile")
+    axis.set_xscale("log", base=2)
+    axis.set_yticks(list(positions), labels, fontsize=7)
+    axis.invert_yaxis()
+    axis.set_xlabel("time relative to torch.compile (lower is faster)")
+    axis.legend(loc="lower right")
+    axis.set_title(f"{result['device']}, torch {result['torch']}, {result['date']}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=60)
     return True
 
 
@@ -424,7 +451,7 @@ def main():
     csv_path = args.csv or os.path.join(args.out, "results.csv")
     append_csv(result, csv_path, args.fused_label)
     print(f"wrote {args.out}/bench.json, rows appended to {csv_path}" +
-          (f", and {args.out}/bench.png" if plotted else " (no size sweep to plot)"))
+          (f", and {args.out}/bench.png" if plotted else " (nothing to plot)"))
 
 
 if __name__ == "__main__":

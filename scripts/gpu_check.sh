@@ -9,7 +9,8 @@
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 #   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool.
 #   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection, TEST_SHARD=k/n the
-#   k-th of n parts of the test suite: a run longer than one sitting splits into n runs.
+#   k-th of n parts of the test suite (TEST_WORKERS pytest-xdist workers, default 8): a run longer than
+#   one sitting splits into n runs.
 #   The test step includes the slow tests (FUSED_OPS_SLOW=1: huge tensors, long determinism runs).
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
@@ -42,7 +43,7 @@ fi
 if step tests; then
   echo "[gpu_check] test suite"
   parallel=()
-  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 8)
+  "$PY" -c "import xdist" 2>/dev/null && parallel=(-n "${TEST_WORKERS:-8}")
   FUSED_OPS_HYPOTHESIS_EXAMPLES="${FUSED_OPS_HYPOTHESIS_EXAMPLES:-1000}" FUSED_OPS_SLOW=1 \
     FUSED_OPS_TEST_SHARD="${TEST_SHARD:-}" "$PY" -m pytest tests -q -p no:cacheprovider -rs ${parallel[@]+"${parallel[@]}"} > "$OUTDIR/tests.log" 2>&1 || status=1
   grep -E "passed|failed|SKIPPED|FAILED|Error" "$OUTDIR/tests.log" | tail -n 15

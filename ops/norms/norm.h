@@ -137,7 +137,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(NormKind kind, cons
     __VA_ARGS__();                                                                     \
   })
 
-// The ops, per backend (cpu.cpp, cuda/rms_norm.cu, cuda/layer_norm.cu). The add variants return
+// The ops, per backend (cpu.cpp, cuda/*_forward.cu, cuda/*_backward.cu). The add variants return
 // (out, residual_out = h); their backward is the plain norm's, with x = h and grad_residual the
 // gradient of residual_out.
 at::Tensor rms_norm_cpu(const at::Tensor& x, const at::Tensor& weight, double eps);

@@ -1,4 +1,5 @@
-// CUDA entry points of rms_norm, add_rms_norm and rms_norm_backward.
+// CUDA entry points of rms_norm and add_rms_norm (the forward kernels compile here, the backward's in
+// rms_norm_backward.cu, so the two build in parallel).
 #include "../norm.h"
 #include "dispatch.cuh"
 
@@ -15,16 +16,6 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& x, const 
   return norm_forward(x, &residual, weight, std::nullopt, eps, [&](const NormForwardProblem& problem) {
     cuda::norm_forward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type(), x.device());
   });
-}
-
-std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
-                                                         const at::Tensor& weight, double eps,
-                                                         const std::optional<at::Tensor>& grad_residual) {
-  auto [grad_x, grad_weight, grad_bias] =
-      norm_backward(NormKind::RMS, grad, x, weight, grad_residual, eps, [&](const NormBackwardProblem& problem) {
-        cuda::norm_backward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type(), x.device());
-      });
-  return {grad_x, grad_weight};
 }
 
 }  // namespace fused_ops

@@ -1,0 +1,17 @@
+// CUDA entry point of rms_norm_backward (which add_rms_norm's backward calls too).
+#include "../norm.h"
+#include "dispatch.cuh"
+
+namespace fused_ops {
+
+std::tuple<at::Tensor, at::Tensor> rms_norm_backward_cuda(const at::Tensor& grad, const at::Tensor& x,
+                                                         const at::Tensor& weight, double eps,
+                                                         const std::optional<at::Tensor>& grad_residual) {
+  auto [grad_x, grad_weight, grad_bias] =
+      norm_backward(NormKind::RMS, grad, x, weight, grad_residual, eps, [&](const NormBackwardProblem& problem) {
+        cuda::norm_backward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type(), x.device());
+      });
+  return {grad_x, grad_weight};
+}
+
+}  // namespace fused_ops
