@@ -38,6 +38,20 @@ def test_python_m_fused_ops_reports_everything():
     assert "fused::gelu_mul(Tensor x, str approximate=\"none\") -> Tensor" in out
 
 
+def test_python_m_fused_ops_into_a_reader_that_stops_early():
+    """`python -m fused_ops | head -1`: writing into a pipe whose reader has gone ends quietly with exit
+    code 0, no BrokenPipeError traceback. The read end is closed before the command starts, so every
+    write meets the closed pipe."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run([sys.executable, "-u", "-m", "fused_ops"], stdout=write_end, stderr=subprocess.PIPE,
+                                text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
 def test_cuda_arch_list_names_the_build_targets():
     """A CUDA build names its TORCH_CUDA_ARCH_LIST targets (default 9.0+PTX); a CPU build none."""
     archs = fused_ops.cuda_arch_list()

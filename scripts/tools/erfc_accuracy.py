@@ -1,5 +1,5 @@
 """Accuracy of the GPU's float32 Φ (gaussian_cdf and gaussian_cdf_for_16_bit_results in
-ops/common/activations.h) against float64, and the fit of the 16-bit polynomial.
+ops/activations/math.h) against float64, and the fit of the 16-bit polynomial.
 
 Emulates the device formula in float32 numpy (exact exp2 and reciprocal: the GPU's ex2/rcp.approx
 add about 2^-22 relative) over [-20, 20] and 2e6 normal samples; prints the worst errors of
