@@ -48,6 +48,9 @@ torch.ops.load_library(library_path())
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm, relu_add,  # noqa: E402
                    rms_norm, silu_mul)
 from . import nn  # noqa: E402
+from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
+
+register_sharding_rules_when_dtensor_loads()
 
 __all__ = [
     "__version__",

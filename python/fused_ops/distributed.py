@@ -1,0 +1,187 @@
+"""DTensor sharding rules for every `torch.ops.fused` op, forward and backward.
+
+A rule lists the input placements an op runs on locally, with no communication, and the placements
+its outputs then have. An input placement no rule lists is redistributed by DTensor to the cheapest
+one a rule lists (for example `silu_mul` on a tensor sharded on its last dim, which the op splits in
+halves, is gathered on that dim first).
+
+- Elementwise and activation ops follow their input's sharding on any dim; the gated ops
+  (`silu_mul`, `gelu_mul`) on any dim but the last. `bias_gelu`'s bias follows x's last dim.
+- Norms run on rows sharded on any dim but the normalised one (sequence parallel: `Shard(1)`), with
+  weight and bias replicated; their weight and bias gradients come out `Partial` (a sum over the rows
+  each rank holds).
+- `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
+  shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
+  evenly over the mesh.
+
+The rules register when `torch.distributed.tensor` is first imported (or at `import fused_ops` if it
+already was), so a process that never uses DTensor pays nothing; `register_sharding_rules()` does it
+at once.
+"""
+import functools
+
+import torch
+
+__all__ = ["register_sharding_rules"]
+
+
+def _normalized(dim, ndim):
+    return dim + ndim if dim < 0 else dim
+
+
+def _placements():
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    return Partial, Replicate, Shard
+
+
+def _row_dims(x):
+    """Every dim of x but the last (the normalised, or gated, one)."""
+    return range(max(x.ndim - 1, 0))
+
+
+def _elementwise_rules(x, inputs, outputs=1):
+    """All inputs shaped like x (or None): replicated, or sharded on any one dim of x alike."""
+    _, Replicate, Shard = _placements()
+
+    def like_x(placement):
+        return [placement if spec is not None else None for spec in inputs]
+    rules = [([Replicate()] * outputs, like_x(Replicate()))]
+    rules += [([Shard(d)] * outputs, like_x(Shard(d))) for d in range(x.ndim)]
+    return rules
+
+
+def _relu_add_rules(x, y, bias=0.0):
+    _, Replicate, Shard = _placements()
+    rules = [([Replicate()], [Replicate(), Replicate(), None])]
+    leading = x.ndim - y.ndim
+    for d in range(x.ndim):
+        y_dim = d - leading
+        # y broadcasts along dims it lacks or holds once: there it stays whole on every rank.
+        y_placement = Shard(y_dim) if y_dim >= 0 and y.shape[y_dim] == x.shape[d] else Replicate()
+        rules.append(([Shard(d)], [Shard(d), y_placement, None]))
+    return rules
+
+
+def _mask_shards_evenly(x):
+    """Whether x sharded on dim 0 over its mesh gives each rank whole, equal bytes of the bit mask."""
+    if x.ndim == 0 or x.shape[0] == 0:
+        return False
+    row = 1
+    for size in x.shape[1:]:
+        row *= size
+    ranks = x.mesh.size()
+    return x.shape[0] % ranks == 0 and (x.shape[0] // ranks * row) % 8 == 0
+
+
+def _relu_add_with_mask_rules(x, y, bias=0.0):
+    _, Replicate, Shard = _placements()
+    rules = [([Replicate(), Replicate()], [Replicate(), Replicate(), None])]
+    if _mask_shards_evenly(x):
+        y_placement = Shard(0) if y.ndim == x.ndim and y.shape[0] == x.shape[0] else Replicate()
+        rules.append(([Shard(0), Shard(0)], [Shard(0), y_placement, None]))
+    return rules
+
+
+def _relu_add_backward_masked_rules(grad, mask):
+    _, Replicate, Shard = _placements()
+    rules = [([Replicate()], [Replicate(), Replicate()])]
+    if _mask_shards_evenly(grad):
+        rules.append(([Shard(0)], [Shard(0), Shard(0)]))
+    return rules
+
+
+def _bias_gelu_rules(x, bias, approximate="none"):
+    _, Replicate, Shard = _placements()
+    rules = [([Replicate()], [Replicate(), Replicate(), None])]
+    rules += [([Shard(d)], [Shard(d), Replicate(), None]) for d in _row_dims(x)]
+    rules.append(([Shard(x.ndim - 1)], [Shard(x.ndim - 1), Shard(0), None]))
+    return rules
+
+
+def _bias_gelu_backward_rules(grad, x, bias, approximate="none"):
+    Partial, Replicate, Shard = _placements()
+    rules = [([Replicate(), Replicate()], [Replicate(), Replicate(), Replicate(), None])]
+    rules += [([Shard(d), Partial()], [Shard(d), Shard(d), Replicate(), None]) for d in _row_dims(x)]
+    last = x.ndim - 1
+    rules.append(([Shard(last), Shard(0)], [Shard(last), Shard(last), Shard(0), None]))
+    return rules
+
+
+def _gated_rules(*tensors, options=0):
+    """silu_mul / gelu_mul and their backward: rows sharded on any dim but the gated last one."""
+    _, Replicate, Shard = _placements()
+    x = tensors[-1]
+    rules = [([Replicate()], [Replicate()] * len(tensors) + [None] * options)]
+    rules += [([Shard(d)], [Shard(d)] * len(tensors) + [None] * options) for d in _row_dims(x)]
+    return rules
+
+
+def _norm_rules(x, *others, outputs, gradients=0):
+    """A norm: `others` are its residual-like inputs (sharded like x; None where absent) followed by
+    its parameters (replicated; None where absent) as (spec, is_parameter) pairs; non-tensor
+    arguments are None. Rows shard on any dim but the last; parameter gradients come out Partial."""
+    Partial, Replicate, Shard = _placements()
+
+    def inputs(row_placement, parameter_placement):
+        placements = [row_placement]
+        for spec, is_parameter in others:
+            if spec is None:
+                placements.append(None)
+            else:
+                placements.append(parameter_placement if is_parameter else row_placement)
+        return placements
+    rules = [([Replicate()] * (outputs + gradients), inputs(Replicate(), Replicate()))]
+    for d in _row_dims(x):
+        rules.append(([Shard(d)] * outputs + [Partial()] * gradients, inputs(Shard(d), Replicate())))
+    return rules
+
+
+def _tensor(spec):
+    return spec, False
+
+
+def _parameter(spec):
+    return spec, True
+
+
+def _non_tensor():
+    return None, False
+
+
+def register_sharding_rules():
+    """Register every op's rules with DTensor (once; later calls do nothing)."""
+    _register_once()
+
+
+@functools.lru_cache(maxsize=None)
+def _register_once():
+    from torch.distributed.tensor.experimental import register_sharding
+
+    ops = torch.ops.fused
+
+    def rule(op):
+        return register_sharding(op.default)
+
+    rule(ops.relu_add)(_relu_add_rules)
+    rule(ops.relu_add_backward)(lambda grad, x: _elementwise_rules(x, [grad, x]))
+    rule(ops.relu_add_with_mask)(_relu_add_with_mask_rules)
+    rule(ops.relu_add_backward_masked)(_relu_add_backward_masked_rules)
+    rule(ops.bias_gelu)(_bias_gelu_rules)
+    rule(ops.bias_gelu_backward)(_bias_gelu_backward_rules)
+    rule(ops.silu_mul)(lambda x: _gated_rules(x))
+    rule(ops.silu_mul_backward)(lambda grad, x: _gated_rules(grad, x))
+    rule(ops.gelu_mul)(lambda x, approximate="none": _gated_rules(x, options=1))
+    rule(ops.gelu_mul_backward)(lambda grad, x, approximate="none": _gated_rules(grad, x, options=1))
+    rule(ops.rms_norm)(lambda x, weight, eps=1e-6: _norm_rules(
+        x, _parameter(weight), _non_tensor(), outputs=1))
+    rule(ops.add_rms_norm)(lambda x, residual, weight, eps=1e-6: _norm_rules(
+        x, _tensor(residual), _parameter(weight), _non_tensor(), outputs=2))
+    rule(ops.rms_norm_backward)(lambda grad, x, weight, eps, grad_residual=None: _norm_rules(
+        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=1))
+    rule(ops.layer_norm)(lambda x, weight, bias=None, eps=1e-5: _norm_rules(
+        x, _parameter(weight), _parameter(bias), _non_tensor(), outputs=1))
+    rule(ops.add_layer_norm)(lambda x, residual, weight, bias=None, eps=1e-5: _norm_rules(
+        x, _tensor(residual), _parameter(weight), _parameter(bias), _non_tensor(), outputs=2))
+    rule(ops.layer_norm_backward)(lambda grad, x, weight, eps, grad_residual=None: _norm_rules(
+        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=2))
+    return True

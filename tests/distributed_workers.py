@@ -1,0 +1,178 @@
+"""What each process of tests/test_distributed.py runs (an importable module: spawned processes import
+their target by name). Every check compares against the same computation on full tensors in the same
+process, in float64."""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(rank, world, rendezvous, device, check, args):
+    """Entry point of one spawned process: join the group (rendezvous through the file `rendezvous`),
+    run `check`, leave."""
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    import fused_ops  # noqa: F401  (registers the ops; the sharding rules join with DTensor)
+    globals()[check](device, *args)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Leave without the interpreter's teardown: after a clean finish, a gloo process that used DTensor
+    # aborts there now and then ("terminate called without an active exception") in torch's own
+    # static destructors, which would fail a passing test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+# ---- every op on DTensors
+
+def _case_inputs(spec, shape, device, generator):
+    return [torch.randn(input_shape, generator=generator, dtype=torch.float64).to(device)
+            for input_shape in spec.input_shapes(list(shape))]
+
+
+def _placements_for(spec, inputs, mesh, dims):
+    """One placement per mesh dim for each input: inputs shaped like the first are sharded on `dims`
+    (None: replicated), the others (bias, weight: 1-D) replicated."""
+    from torch.distributed.tensor import Replicate, Shard
+    x = inputs[0]
+    result = []
+    for tensor in inputs:
+        if dims is None or tensor.shape != x.shape:
+            result.append([Replicate()] * mesh.ndim)
+        else:
+            result.append([Shard(d) for d in dims])
+    return result
+
+
+def ops_on_dtensors(device, mesh_shape, op_names):
+    """Each op of the registry on DTensors of every placement of its inputs, against the op on the full
+    tensors: forward values, then gradients through every output. The placements the op's rule runs
+    locally must come out sharded as the input was (no redistribution); the others are redistributed
+    by DTensor and still give the full-tensor result."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from op_specs import OPS_BY_NAME, as_outputs
+
+    mesh = init_device_mesh(device, mesh_shape)
+    shape = (4 * mesh.size(), 6, 8)  # every dim divisible where it is sharded (two mesh dims: 2 x 2)
+    for name in op_names:
+        spec = OPS_BY_NAME[name]
+        options = {option: values[0] for option, values in spec.options.items()}  # first choice, or range start
+        generator = torch.Generator().manual_seed(0)
+        inputs = _case_inputs(spec, shape, device, generator)
+        full = [t.clone().requires_grad_(True) for t in inputs]
+        expected = as_outputs(spec.fused(*full, **options))
+        grad_outputs = [torch.randn(out.shape, generator=generator, dtype=torch.float64).to(device)
+                        for out in expected]
+        expected_grads = torch.autograd.grad(expected, full, grad_outputs)
+        ndim = inputs[0].ndim
+        # Replicated; each dim alone on a 1-D mesh; pairs of dims on a 2-D mesh.
+        if mesh.ndim == 1:
+            layouts = [None] + [(d,) for d in range(ndim)]
+        else:
+            layouts = [None] + [(a, b) for a in range(ndim) for b in range(ndim)]
+        for dims in layouts:
+            placements = _placements_for(spec, inputs, mesh, dims)
+            sharded = [distribute_tensor(t, mesh, p).requires_grad_(True) for t, p in zip(inputs, placements)]
+            with torch.no_grad():
+                outputs = as_outputs(spec.fused(*sharded, **options))
+            for out, want in zip(outputs, expected):
+                assert isinstance(out, DTensor), (name, dims)
+                torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=1e-12, atol=1e-12,
+                                           msg=lambda m: f"{name} on {placements}: {m}")
+            if dims is not None and all(runs_locally(spec, d, ndim) for d in dims):
+                for out in outputs:
+                    assert list(out.placements) == [Shard(d) for d in dims], (name, dims, out.placements)
+            outputs = as_outputs(spec.fused(*sharded, **options))
+            grads = torch.autograd.grad(
+                outputs, sharded, [distribute_tensor(g, mesh, out.placements) for g, out in zip(grad_outputs, outputs)])
+            for grad, want in zip(grads, expected_grads):
+                torch.testing.assert_close(grad.full_tensor(), want, rtol=1e-10, atol=1e-10,
+                                           msg=lambda m: f"{name} gradient on {placements}: {m}")
+
+
+def relu_add_backward_on_dtensors(device):
+    """relu_add_backward(grad, x), which autograd does not call (it keeps a bit mask instead of x), on
+    DTensors sharded on each dim."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    generator = torch.Generator().manual_seed(0)
+    grad, x = (torch.randn(4, 6, 8, generator=generator, dtype=torch.float64).to(device) for _ in range(2))
+    expected = torch.ops.fused.relu_add_backward(grad, x)
+    for dim in range(3):
+        out = torch.ops.fused.relu_add_backward(distribute_tensor(grad, mesh, [Shard(dim)]),
+                                                distribute_tensor(x, mesh, [Shard(dim)]))
+        assert list(out.placements) == [Shard(dim)]
+        torch.testing.assert_close(out.full_tensor(), expected, rtol=0, atol=0)
+
+
+def runs_locally(spec, dim, ndim):
+    """Whether the op's rule runs x sharded on `dim` with no communication: every dim for the
+    elementwise ops and bias_gelu, every dim but the last for the gated ops and the norms."""
+    if spec.name in ("relu_add", "bias_gelu"):
+        return True
+    return dim != ndim - 1
+
+
+def unsupported_placement_is_redistributed(device):
+    """silu_mul of x sharded on the dim it splits in halves: DTensor gathers that dim first (the local
+    halves would pair the wrong elements), and the result is the full-tensor one."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    x = torch.randn(4, 2 * 8 * dist.get_world_size(), generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64).to(device)
+    out = fused_ops.silu_mul(distribute_tensor(x, mesh, [Shard(1)]))
+    torch.testing.assert_close(out.full_tensor(), fused_ops.silu_mul(x), rtol=0, atol=0)
+
+
+# ---- the TP + SP + FSDP2 training step
+
+def training_step_matches_one_process(device, mesh_shape, compile_backend):
+    """One step of scripts/train_distributed.py's model, parallelised over a (dp, tp) mesh, against the
+    same model on the full batch in this process: loss and every parameter's gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import train_distributed as train
+
+    mesh = init_device_mesh(device, mesh_shape, mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(0)
+    reference = train.TinyLlama(vocab=96, dim=32, heads=4, hidden=64, layers=2, max_sequence=16)
+    reference = reference.to(device=device, dtype=torch.float64)
+    model = train.TinyLlama(vocab=96, dim=32, heads=4, hidden=64, layers=2, max_sequence=16)
+    model = model.to(device=device, dtype=torch.float64)
+    model.load_state_dict(reference.state_dict())
+    model = train.parallelize(model, mesh, compile_blocks=compile_backend is not None,
+                              compile_backend=compile_backend or "inductor")
+    tokens = torch.randint(0, 96, (4, 17), generator=torch.Generator().manual_seed(1)).to(device)
+
+    expected_loss = train.loss_of(reference, tokens)
+    expected_loss.backward()
+    loss = train.loss_of(model, train.dp_batch(tokens, mesh))
+    loss.backward()
+    global_loss = loss.detach().clone()
+    dist.all_reduce(global_loss)  # every tp rank of a dp group holds its group's loss
+    torch.testing.assert_close(global_loss / dist.get_world_size(), expected_loss.detach(), rtol=1e-10, atol=1e-12)
+    expected_grads = dict(reference.named_parameters())
+    checked = 0
+    for name, parameter in model.named_parameters():
+        name = name.replace("_orig_mod.", "")
+        grad = parameter.grad.full_tensor()
+        torch.testing.assert_close(grad, expected_grads[name].grad, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
+        checked += 1
+    assert checked == len(expected_grads)
