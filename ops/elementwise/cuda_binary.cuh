@@ -23,11 +23,10 @@
 #include "../common/dtype_dispatch.h"
 #include "../common/tensors.h"
 #include "../common/vector.cuh"
+#include "launch_plan.h"
 
 namespace fused_ops {
 namespace cuda {
-
-constexpr int kMaxStridedDims = 8;
 
 // The default bit predicate of apply_binary_vector: no bits (the kernels that write no mask).
 struct NoMaskBits {
@@ -162,13 +161,6 @@ inline bool coalesce_binary_layout(const at::Tensor& a, const at::Tensor& b,
   return true;
 }
 
-// The kernel that a binary op's operands take.
-enum class BinaryPath {
-  ExactGrid,   // dense, aligned, and whole blocks of 16-byte vectors cover every element
-  Vectorized,  // dense and aligned
-  Strided,     // anything else
-};
-
 struct BinaryOperands {
   at::Tensor a, b;  // the inputs, or contiguous copies where they had more than kMaxStridedDims dims
   BinaryStridedLayout layout;
@@ -186,14 +178,9 @@ BinaryOperands binary_operands_of(const at::Tensor& a, const at::Tensor& b, cons
   }
   const BinaryStridedLayout& layout = operands.layout;
   const bool dense = layout.dims <= 1 && (layout.dims == 0 || (layout.a_strides[0] == 1 && layout.b_strides[0] == 1));
-  if (dense && is_aligned(operands.a.const_data_ptr()) && is_aligned(operands.b.const_data_ptr()) &&
-      is_aligned(out.const_data_ptr())) {
-    const int64_t numel = out.numel();
-    const int64_t num_vectors = numel / Vec16<scalar_t>::kSize;
-    const bool whole_blocks = numel % (Vec16<scalar_t>::kSize * kThreadsPerBlock) == 0 &&
-                              num_vectors <= std::numeric_limits<int>::max();
-    operands.path = whole_blocks ? BinaryPath::ExactGrid : BinaryPath::Vectorized;
-  }
+  const bool aligned = is_aligned(operands.a.const_data_ptr()) && is_aligned(operands.b.const_data_ptr()) &&
+                       is_aligned(out.const_data_ptr());
+  operands.path = plan_binary_path(dense && aligned, out.numel(), Vec16<scalar_t>::kSize);
   return operands;
 }
 
