@@ -75,6 +75,10 @@ const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&,
     "fused::add_layer_norm"};
 const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> layer_norm_backward_op{
     "fused::layer_norm_backward"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_op{
+    "fused::rotary_embedding"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_backward_op{
+    "fused::rotary_embedding_backward"};
 
 inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
 inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
@@ -386,6 +390,39 @@ ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tens
   return layer_norm_backward_op.below_autograd(grad, x, weight, eps, grad_residual);
 }
 
+// ---------------------------------------------------------------------------------------------
+// RoPE. Both ops are linear in q and k (in grad_q and grad_k) and transposes of each other, so each
+// one's gradient is the other; cos and sin come from a position table and get none.
+
+template <const auto& kOp, const auto& kTranspose>
+class RotaryFunction : public torch::autograd::Function<RotaryFunction<kOp, kTranspose>> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                               const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["unsqueeze_dim"] = unsqueeze_dim;
+    ctx->saved_data["interleaved"] = interleaved;
+    auto [q_out, k_out] = kOp(q, k, cos, sin, unsqueeze_dim, interleaved);
+    return {q_out, k_out};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_q, grad_k] = kTranspose(grad_outputs[0], grad_outputs[1], saved[0], saved[1],
+                                       ctx->saved_data["unsqueeze_dim"].toInt(), ctx->saved_data["interleaved"].toBool());
+    return {ctx->needs_input_grad(0) ? grad_q : at::Tensor(), ctx->needs_input_grad(1) ? grad_k : at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// cos and sin requiring a gradient: an error, not a silently missing gradient.
+void check_rotary_tables_need_no_gradient(const char* op, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK(!at::GradMode::is_enabled() || !(cos.requires_grad() || sin.requires_grad()), "fused::", op,
+              ": expected cos and sin not to require grad (the op gives them no gradient: they come from a "
+              "position table); pass cos.detach() and sin.detach()");
+}
+
 // The Autograd kernel of an op whose graph node is `Function`: the op below autograd when no input
 // needs a gradient (the eager inference path stays as short as the op itself), else Function::apply.
 template <typename Function, const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
@@ -403,6 +440,14 @@ struct AutogradKernel<Function, kOp, Return(Args...)> {
     }
   }
 };
+
+template <const auto& kOp, const auto& kTranspose>
+TwoTensors rotary_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                           int64_t unsqueeze_dim, bool interleaved) {
+  check_rotary_tables_need_no_gradient(&kOp == &rotary_embedding_op ? "rotary_embedding" : "rotary_embedding_backward",
+                                       cos, sin);
+  return AutogradKernel<RotaryFunction<kOp, kTranspose>, kOp>::call(q, k, cos, sin, unsqueeze_dim, interleaved);
+}
 
 }  // namespace
 }  // namespace fused_ops
@@ -426,4 +471,6 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("layer_norm", &AutogradKernel<LayerNormFunction, layer_norm_op>::call);
   m.impl("add_layer_norm", &AutogradKernel<AddLayerNormFunction, add_layer_norm_op>::call);
   m.impl("layer_norm_backward", &layer_norm_backward_autograd);
+  m.impl("rotary_embedding", &rotary_autograd<rotary_embedding_op, rotary_embedding_backward_op>);
+  m.impl("rotary_embedding_backward", &rotary_autograd<rotary_embedding_backward_op, rotary_embedding_op>);
 }

@@ -162,4 +162,43 @@ void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const
   }
 }
 
+void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                            const at::Tensor& sin, int64_t unsqueeze_dim) {
+  const char* q_name = std::string(op).find("backward") == std::string::npos ? "q" : "grad_q";
+  const char* k_name = std::string(op).find("backward") == std::string::npos ? "k" : "grad_k";
+  check_floating(op, q_name, q);
+  check_same_dtype(op, k_name, k, q_name, q);
+  check_same_device(op, k_name, k, q_name, q);
+  check_same_device(op, "cos", cos, q_name, q);
+  check_same_device(op, "sin", sin, q_name, q);
+  TORCH_CHECK(unsqueeze_dim == 1 || unsqueeze_dim == 2 || unsqueeze_dim == -3 || unsqueeze_dim == -2, "fused::", op,
+              ": expected unsqueeze_dim to be 1 (", q_name, " [B, H, S, D]) or 2 (", q_name, " [B, S, H, D]), but got ",
+              unsqueeze_dim);
+  const int64_t heads = unsqueeze_dim < 0 ? unsqueeze_dim + 4 : unsqueeze_dim;
+  const int64_t sequence = heads == 1 ? 2 : 1;
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4, "fused::", op, ": expected ", q_name, " and ", k_name,
+              " to be 4-D (", heads == 1 ? "[B, H, S, D]" : "[B, S, H, D]", "), but got shapes ", q.sym_sizes(),
+              " and ", k.sym_sizes());
+  bool alike = true;
+  for (int64_t d = 0; d < 4; ++d) alike = alike && (d == heads || q.sym_size(d) == k.sym_size(d));
+  TORCH_CHECK(alike, "fused::", op, ": expected ", k_name, " of shape ", k.sym_sizes(), " to match ", q_name, " ",
+              q.sym_sizes(), " in every dim but the heads (dim ", heads, ")");
+  TORCH_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat, "fused::", op,
+              ": expected cos to have ", q_name, "'s dtype (", q.scalar_type(), ") or float32, but got ",
+              cos.scalar_type());
+  check_same_dtype(op, "sin", sin, "cos", cos);
+  check_same_shape(op, "sin", sin, "cos", cos);
+  TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, "fused::", op, ": expected cos to be [B or 1, S, R] or [S, R], but got shape ",
+              cos.sym_sizes());
+  const c10::SymInt rotary_dim = cos.sym_size(-1);
+  TORCH_CHECK(rotary_dim % 2 == 0 && rotary_dim <= q.sym_size(3), "fused::", op,
+              ": expected the rotated dims R = cos.size(-1) to be even and at most the head dim ", q.sym_size(3),
+              ", but got ", rotary_dim);
+  TORCH_CHECK(cos.sym_size(-2) == q.sym_size(sequence), "fused::", op, ": expected cos of shape ", cos.sym_sizes(),
+              " to have ", q_name, "'s sequence length ", q.sym_size(sequence), " in dim -2");
+  TORCH_CHECK(cos.dim() == 2 || cos.sym_size(0) == 1 || cos.sym_size(0) == q.sym_size(0), "fused::", op,
+              ": expected cos of shape ", cos.sym_sizes(), " to have ", q_name, "'s batch ", q.sym_size(0),
+              " or 1 in dim 0");
+}
+
 }  // namespace fused_ops

@@ -45,4 +45,10 @@ void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const
                                    const at::Tensor& weight, const std::optional<at::Tensor>& grad_residual,
                                    double eps);
 
+// rotary_embedding (and its backward, grad_q and grad_k in q's and k's places): q and k 4-D of one
+// dtype, heads at unsqueeze_dim (1 or 2, or -3 / -2), alike in every other dim; cos and sin of one shape
+// [B or 1, S, R] or [S, R] with R even and at most D, of q's dtype or float32.
+void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                            const at::Tensor& sin, int64_t unsqueeze_dim);
+
 }  // namespace fused_ops

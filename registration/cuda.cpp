@@ -5,6 +5,7 @@
 #include "../ops/activations/silu_mul.h"
 #include "../ops/elementwise/relu_add.h"
 #include "../ops/norms/norm.h"
+#include "../ops/rotary/rotary.h"
 #include "entry_points.h"
 
 using namespace fused_ops;
@@ -26,4 +27,6 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("layer_norm", &layer_norm_entry<layer_norm_cuda>);
   m.impl("add_layer_norm", &add_layer_norm_entry<add_layer_norm_cuda>);
   m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_cuda>);
+  m.impl("rotary_embedding", &rotary_embedding_entry<rotary_embedding_cuda>);
+  m.impl("rotary_embedding_backward", &rotary_embedding_backward_entry<rotary_embedding_backward_cuda>);
 }

@@ -113,4 +113,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_entry(
   return kernel(grad, x, weight, eps, grad_residual);
 }
 
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> rotary_embedding_entry(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
+                                                          const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved) {
+  check_rotary_arguments("rotary_embedding", q, k, cos, sin, unsqueeze_dim);
+  return kernel(q, k, cos, sin, unsqueeze_dim, interleaved);
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> rotary_embedding_backward_entry(const at::Tensor& grad_q, const at::Tensor& grad_k,
+                                                                   const at::Tensor& cos, const at::Tensor& sin,
+                                                                   int64_t unsqueeze_dim, bool interleaved) {
+  check_rotary_arguments("rotary_embedding_backward", grad_q, grad_k, cos, sin, unsqueeze_dim);
+  return kernel(grad_q, grad_k, cos, sin, unsqueeze_dim, interleaved);
+}
+
 }  // namespace fused_ops

@@ -60,6 +60,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(const at
   return {like_contiguous(x), like_contiguous(weight), like_contiguous(weight)};
 }
 
+std::tuple<at::Tensor, at::Tensor> rotary_embedding_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&,
+                                                         const at::Tensor&, int64_t, bool) {
+  return {like_contiguous(q), like_contiguous(k)};
+}
+
 }  // namespace
 }  // namespace fused_ops
 
@@ -82,4 +87,6 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("layer_norm", &layer_norm_entry<layer_norm_meta>);
   m.impl("add_layer_norm", &add_layer_norm_entry<add_layer_norm_meta>);
   m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_meta>);
+  m.impl("rotary_embedding", &rotary_embedding_entry<rotary_embedding_meta>);
+  m.impl("rotary_embedding_backward", &rotary_embedding_backward_entry<rotary_embedding_meta>);
 }

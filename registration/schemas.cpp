@@ -47,4 +47,14 @@ TORCH_LIBRARY(fused, m) {
   m.def("layer_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps, Tensor? grad_residual=None) -> "
         "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
         tags);
+  // RoPE on q and k (Hugging Face's apply_rotary_pos_emb): x * cos + rotate(x) * sin over the first
+  // cos.size(-1) dims of each head; q, k [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (2); cos, sin
+  // [B or 1, S, R] or [S, R]; interleaved: GPT-J's pairs (2i, 2i + 1) instead of (j, j + R/2).
+  m.def("rotary_embedding(Tensor q, Tensor k, Tensor cos, Tensor sin, int unsqueeze_dim=1, bool interleaved=False) "
+        "-> (Tensor q_out, Tensor k_out)",
+        tags);
+  // The gradients of q and k: the transposed rotation of grad_q and grad_k.
+  m.def("rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
+        "bool interleaved=False) -> (Tensor grad_q, Tensor grad_k)",
+        tags);
 }

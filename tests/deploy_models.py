@@ -1,4 +1,4 @@
-"""Models shared by the deploy tests: parameters, a matmul and relu_add."""
+"""Models shared by the deploy tests: parameters, a matmul and each family's ops."""
 import torch
 
 import fused_ops
@@ -62,4 +62,24 @@ class MatmulNorms(torch.nn.Module):
         return self.rms(out) + self.layer(residual), residual
 
 
-MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms}
+class MatmulRotary(torch.nn.Module):
+    """q and k projections (two query heads, one key head), RoPE on the first half of each head."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(5)
+        self.q = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.k = torch.nn.Parameter(torch.randn(16, 8, generator=generator) / 4)
+        angles = torch.outer(torch.arange(8.0), torch.tensor([1.0, 0.1]))
+        self.register_buffer("cos", torch.cat([angles, angles], -1).cos())  # [S, R]: S = 8, R = 4
+        self.register_buffer("sin", torch.cat([angles, angles], -1).sin())
+
+    def forward(self, x, y):
+        q = (x @ self.q).view(1, 8, 2, 8)  # [B, S, H, D]
+        k = (x @ self.k).view(1, 8, 1, 8)
+        q, k = torch.ops.fused.rotary_embedding(q, k, self.cos.to(x.dtype), self.sin.to(x.dtype), 2, False)
+        return q.reshape(8, 16) * y, k.reshape(8, 8)
+
+
+MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms,
+          "rotary": MatmulRotary}

@@ -118,6 +118,38 @@ def relu_add_backward_on_dtensors(device):
         torch.testing.assert_close(out.full_tensor(), expected, rtol=0, atol=0)
 
 
+def rotary_on_dtensors(device):
+    """rotary_embedding on q and k sharded alike on batch, heads or sequence (cos and sin as the rule
+    wants them), and on the head dim (redistributed), against the full tensors: values and gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2 * ranks, 2 * ranks, 3 * ranks, 8, generator=generator, dtype=torch.float64).to(device)
+    k = torch.randn(2 * ranks, ranks, 3 * ranks, 8, generator=generator, dtype=torch.float64).to(device)
+    cos = torch.randn(2 * ranks, 3 * ranks, 4, generator=generator, dtype=torch.float64).to(device)
+    sin = torch.randn(2 * ranks, 3 * ranks, 4, generator=generator, dtype=torch.float64).to(device)
+    grads = [torch.randn(t.shape, generator=generator, dtype=torch.float64).to(device) for t in (q, k)]
+    leaves = [t.clone().requires_grad_(True) for t in (q, k)]
+    expected = fused_ops.rotary_embedding(*leaves, cos, sin)
+    expected_grads = torch.autograd.grad(expected, leaves, grads)
+    for dim, table, local in ((0, Shard(0), True), (1, Replicate(), True), (2, Shard(1), True), (3, Replicate(), False)):
+        sharded = [distribute_tensor(t, mesh, [Shard(dim)]).requires_grad_(True) for t in (q, k)]
+        outs = fused_ops.rotary_embedding(*sharded, distribute_tensor(cos, mesh, [table]),
+                                          distribute_tensor(sin, mesh, [table]))
+        for out, want in zip(outs, expected):
+            if local:
+                assert list(out.placements) == [Shard(dim)], (dim, out.placements)
+            torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(outs, sharded, [distribute_tensor(g, mesh, out.placements)
+                                                  for g, out in zip(grads, outs)])
+        for grad, want in zip(got, expected_grads):
+            torch.testing.assert_close(grad.full_tensor(), want, rtol=1e-12, atol=1e-12)
+
+
 def runs_locally(spec, dim, ndim):
     """Whether the op's rule runs x sharded on `dim` with no communication: every dim for the
     elementwise ops and bias_gelu, every dim but the last for the gated ops and the norms."""

@@ -60,6 +60,11 @@ def test_tensor_sequence_and_fsdp2_step_of_four_processes(device, compile_backen
 
 
 @pytest.mark.parametrize("device", devices(2))
+def test_rotary_embedding_on_dtensors(device):
+    spawn(2, device, "rotary_on_dtensors")
+
+
+@pytest.mark.parametrize("device", devices(2))
 def test_relu_add_backward_on_dtensors(device):
     spawn(2, device, "relu_add_backward_on_dtensors")
 

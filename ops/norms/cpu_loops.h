@@ -37,7 +37,7 @@ RowStatistics<acc_t> row_statistics(int64_t columns, double eps, Load load) {
 template <NormKind kKind>
 void norm_forward_cpu(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype) {
   if (p.rows == 0 || p.columns == 0) return;
-  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_forward_cpu", [&] {
+  FUSED_DISPATCH_MIXED_TYPES(dtype, weight_dtype, "norm_forward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto* weight = static_cast<const weight_t*>(p.weight);
     const auto* bias = static_cast<const weight_t*>(p.bias);
@@ -70,7 +70,7 @@ void norm_forward_cpu(const NormForwardProblem& p, at::ScalarType dtype, at::Sca
 
 template <NormKind kKind>
 void norm_backward_cpu(const NormBackwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype) {
-  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_backward_cpu", [&] {
+  FUSED_DISPATCH_MIXED_TYPES(dtype, weight_dtype, "norm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto* weight = static_cast<const weight_t*>(p.weight);
     auto grad_at = [&](int64_t row, int64_t column) {

@@ -122,21 +122,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward(NormKind kind, cons
   return {grad_x, grad_weight, grad_bias};
 }
 
-// Mixed precision: weight is float32 while x is 16-bit, else weight has x's dtype (the checks
-// reject every other pair, so only these are instantiated).
-#define FUSED_DISPATCH_NORM_TYPES(X_TYPE, WEIGHT_TYPE, NAME, ...)                      \
-  FUSED_DISPATCH_FLOATING_TYPES(X_TYPE, NAME, [&] {                                    \
-    if constexpr (sizeof(scalar_t) == 2) {                                             \
-      if (WEIGHT_TYPE == at::kFloat) {                                                 \
-        using weight_t = float;                                                        \
-        __VA_ARGS__();                                                                 \
-        return;                                                                        \
-      }                                                                                \
-    }                                                                                  \
-    using weight_t = scalar_t;                                                         \
-    __VA_ARGS__();                                                                     \
-  })
-
 // The ops, per backend (cpu.cpp, cuda/*_forward.cu, cuda/*_backward.cu). The add variants return
 // (out, residual_out = h); their backward is the plain norm's, with x = h and grad_residual the
 // gradient of residual_out.

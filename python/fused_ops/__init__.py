@@ -46,7 +46,7 @@ def cuda_arch_list() -> list:
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm, relu_add,  # noqa: E402
-                   rms_norm, silu_mul)
+                   rms_norm, rotary_embedding, silu_mul)
 from . import nn  # noqa: E402
 from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
 
@@ -67,5 +67,6 @@ __all__ = [
     "add_rms_norm",
     "layer_norm",
     "add_layer_norm",
+    "rotary_embedding",
     "nn",
 ]

@@ -13,6 +13,7 @@ _rms_norm = torch.ops.fused.rms_norm.default
 _add_rms_norm = torch.ops.fused.add_rms_norm.default
 _layer_norm = torch.ops.fused.layer_norm.default
 _add_layer_norm = torch.ops.fused.add_layer_norm.default
+_rotary_embedding = torch.ops.fused.rotary_embedding.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -68,3 +69,18 @@ def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[T
                    eps: float = 1e-5) -> Tuple[Tensor, Tensor]:
     """`h = x + residual` (in x's dtype); returns `(layer_norm(h, weight, bias, eps), h)`."""
     return _add_layer_norm(x, residual, weight, bias, eps)
+
+
+def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,
+                     interleaved: bool = False) -> Tuple[Tensor, Tensor]:
+    """RoPE on queries and keys: the values of Hugging Face's `apply_rotary_pos_emb(q, k, cos, sin,
+    unsqueeze_dim)`, `x * cos + rotate_half(x) * sin`, in one pass over q and one over k.
+
+    q, k: [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (unsqueeze_dim=2); k may have fewer heads (GQA);
+    any strides, e.g. views into one fused qkv projection. cos, sin: [B or 1, S, R] or [S, R] with R even
+    and at most D, of q's dtype or float32: only the first R dims of each head rotate (partial rotary), the
+    rest pass through. `interleaved=True` rotates GPT-J's pairs (x[2i], x[2i + 1]) instead of
+    (x[j], x[j + R/2]). Differentiable in q and k; cos and sin must not require grad. From a Hugging Face
+    attention layer: `q, k = fused_ops.rotary_embedding(q, k, *position_embeddings)`.
+    """
+    return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)

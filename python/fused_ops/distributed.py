@@ -10,6 +10,8 @@ halves, is gathered on that dim first).
 - Norms run on rows sharded on any dim but the normalised one (sequence parallel: `Shard(1)`), with
   weight and bias replicated; their weight and bias gradients come out `Partial` (a sum over the rows
   each rank holds).
+- `rotary_embedding` runs on q and k sharded alike on the batch, the heads or the sequence (cos and sin
+  then sharded on their batch, replicated, or sharded on their sequence dim), never on the head dim.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -136,6 +138,19 @@ def _norm_rules(x, *others, outputs, gradients=0):
     return rules
 
 
+def _rotary_rules(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
+    """q and k (or grad_q and grad_k) sharded alike on batch, heads or sequence; D stays whole."""
+    _, Replicate, Shard = _placements()
+    heads = unsqueeze_dim + 4 if unsqueeze_dim < 0 else unsqueeze_dim
+    sequence = 2 if heads == 1 else 1
+    rules = [([Replicate(), Replicate()], [Replicate()] * 4 + [None, None])]
+    table_batch = Shard(0) if cos.ndim == 3 and cos.shape[0] == q.shape[0] and q.shape[0] > 1 else Replicate()
+    table_sequence = Shard(cos.ndim - 2)
+    for dim, table in ((0, table_batch), (heads, Replicate()), (sequence, table_sequence)):
+        rules.append(([Shard(dim), Shard(dim)], [Shard(dim), Shard(dim), table, table, None, None]))
+    return rules
+
+
 def _tensor(spec):
     return spec, False
 
@@ -184,4 +199,6 @@ def _register_once():
         x, _tensor(residual), _parameter(weight), _parameter(bias), _non_tensor(), outputs=2))
     rule(ops.layer_norm_backward)(lambda grad, x, weight, eps, grad_residual=None: _norm_rules(
         grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=2))
+    rule(ops.rotary_embedding)(_rotary_rules)
+    rule(ops.rotary_embedding_backward)(_rotary_rules)
     return True

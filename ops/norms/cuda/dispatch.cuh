@@ -140,7 +140,7 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
   if (p.rows == 0 || p.columns == 0) return;
   const c10::cuda::CUDAGuard device_guard(device);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_forward_cuda", [&] {
+  FUSED_DISPATCH_MIXED_TYPES(dtype, weight_dtype, "norm_forward_cuda", [&] {
     const bool vectorized = forward_vectorizable<scalar_t, weight_t>(p);
     const NormLaunchPlan plan = plan_norm(
         {p.rows, p.columns, dtype, weight_dtype, kKind, false, p.residual != nullptr, vectorized, runs_sm90_code()});
@@ -241,7 +241,7 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
     if (p.grad_bias) at::from_blob(p.grad_bias, {p.columns}, weight_options).zero_();
     return;
   }
-  FUSED_DISPATCH_NORM_TYPES(dtype, weight_dtype, "norm_backward_cuda", [&] {
+  FUSED_DISPATCH_MIXED_TYPES(dtype, weight_dtype, "norm_backward_cuda", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto acc_options = at::TensorOptions().dtype(c10::CppTypeToScalarType<acc_t>::value).device(device);
     const bool vectorized = backward_vectorizable<scalar_t, weight_t>(p);
