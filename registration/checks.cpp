@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include <cstring>
+
 #include "../ops/common/bit_mask.h"
 
 namespace fused_ops {
@@ -164,8 +166,10 @@ void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const
 
 void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                             const at::Tensor& sin, int64_t unsqueeze_dim) {
-  const char* q_name = std::string(op).find("backward") == std::string::npos ? "q" : "grad_q";
-  const char* k_name = std::string(op).find("backward") == std::string::npos ? "k" : "grad_k";
+  // The backward op checks grad_q and grad_k in q's and k's places (no string built on the call path).
+  const bool backward = std::strstr(op, "backward") != nullptr;
+  const char* q_name = backward ? "grad_q" : "q";
+  const char* k_name = backward ? "grad_k" : "k";
   check_floating(op, q_name, q);
   check_same_dtype(op, k_name, k, q_name, q);
   check_same_device(op, k_name, k, q_name, q);

@@ -169,6 +169,7 @@ def unsupported_placement_is_redistributed(device):
     x = torch.randn(4, 2 * 8 * dist.get_world_size(), generator=torch.Generator().manual_seed(0),
                     dtype=torch.float64).to(device)
     out = fused_ops.silu_mul(distribute_tensor(x, mesh, [Shard(1)]))
+    assert list(out.placements) != [Shard(1)], out.placements  # gathered first, not halved locally
     torch.testing.assert_close(out.full_tensor(), fused_ops.silu_mul(x), rtol=0, atol=0)
 
 

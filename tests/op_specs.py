@@ -74,10 +74,6 @@ def norm_shapes(residual, bias):
     return shapes
 
 
-def gated_composite(activation):
-    return lambda x, **options: gated(lambda t: activation(t, **options))(x)
-
-
 def rms_norm_reference(h, weight, eps=1e-6):
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
 
