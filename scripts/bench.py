@@ -35,97 +35,11 @@ import fused_ops
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
-from op_specs import ACTIVATION_CASES, NORM_CASES, OPS_BY_NAME, as_outputs  # noqa: E402
+from op_specs import as_outputs  # noqa: E402
 
-# Rows of 8192 (a transformer hidden size) once a tensor is that large, e.g. 2^27 = 16384 x 8192.
-ROW = 8192
+from bench_workloads import DEFAULT_OPS, relu_add_composite, relu_add_fused, workloads  # noqa: E402
+
 GRAPH_MAX_ELEMENTS = 1 << 24
-
-
-def shape_for(numel):
-    return (numel // ROW, ROW) if numel >= ROW else (numel,)
-
-
-# ---- benchmarked cases. A workload: op label, dtype, shape, inputs, the fused call, the eager
-# composite it replaces, and the minimal elements moved forward and forward+backward.
-RELU_ADD = OPS_BY_NAME["relu_add"]
-
-
-def relu_add_composite(x, y):
-    return (RELU_ADD.composite or RELU_ADD.reference)(x, y, bias=0.5)
-
-
-def relu_add_fused(x, y):
-    return RELU_ADD.fused(x, y, bias=0.5)
-
-
-# Activation variants timed by default (the rest can be named with --ops).
-DEFAULT_ACTIVATIONS = ["bias_gelu_tanh", "bias_gelu_none", "silu_mul", "gelu_mul_tanh"]
-NORMS = ["rms_norm", "add_rms_norm", "add_layer_norm", "layer_norm"]
-# (rows, H): decode, 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
-NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
-NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
-# --headline: the shapes of the README table, few enough to time before and after a change in one run.
-HEADLINE_RELU_ADD = [(torch.float32, 1 << 28), (torch.bfloat16, 1 << 27), (torch.float32, 1 << 12)]
-HEADLINE_ACTIVATION_ROWS = (16, 16384)
-HEADLINE_NORM_SHAPES = [(16, 8192), (16384, 8192)]
-
-
-def workloads(device, dtypes, sizes, ops, headline=False):
-    if "relu_add" in ops:
-        relu_add_cases = HEADLINE_RELU_ADD if headline else [(dtype, numel) for dtype in dtypes for numel in sizes]
-        for dtype, numel in relu_add_cases:
-            shape = shape_for(numel)
-            # forward: x, y in, out out. Backward: grad in, grad_x out (grad_y is grad), and the bit
-            # mask that the forward writes and the backward reads, 1/8 byte per element each way.
-            mask_elements = numel / 4 / dtype.itemsize
-            yield ("relu_add", dtype, shape, numel, lambda shape=shape, dtype=dtype: [
-                torch.randn(shape, device=device, dtype=dtype) for _ in range(2)],
-                relu_add_fused, relu_add_composite, 3 * numel, 5 * numel + mask_elements)
-    hidden = 8192 if device == "cuda" else 1024
-    row_counts = (1, 16, 16384) if device == "cuda" else (1, 16, 256)
-    for op, case in ACTIVATION_CASES.items():
-        if op not in ops and op.rsplit("_", 1)[0] not in ops:
-            continue
-        fused, composite, gated = case.fused, case.composite, case.gated
-        # float16 joins on CUDA: its bandwidth is compared with bfloat16's.
-        activation_dtypes = dtypes + ([torch.float16] if device == "cuda" and torch.float16 not in dtypes else [])
-        if headline:
-            activation_dtypes, row_counts = [torch.bfloat16], HEADLINE_ACTIVATION_ROWS
-        for dtype in activation_dtypes:
-            for rows in row_counts if dtype == torch.bfloat16 else row_counts[-1:]:
-                numel = rows * hidden
-                if gated:  # x [rows, 2 * hidden] -> [rows, hidden]
-                    make = lambda rows=rows, dtype=dtype: [torch.randn(rows, 2 * hidden, device=device, dtype=dtype)]
-                    elements = (3 * numel, 8 * numel)
-                else:  # x [rows, hidden], bias [hidden]
-                    make = lambda rows=rows, dtype=dtype: [torch.randn(rows, hidden, device=device, dtype=dtype),
-                                                           torch.randn(hidden, device=device, dtype=dtype)]
-                    elements = (2 * numel + hidden, 5 * numel + 4 * hidden)
-                yield (op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
-    # The norms' targets are for bfloat16; float16 joins when asked for.
-    norm_dtypes = [torch.bfloat16] + ([torch.float16] if torch.float16 in dtypes else [])
-    norm_shapes = NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU
-    if headline:
-        norm_dtypes, norm_shapes = [torch.bfloat16], HEADLINE_NORM_SHAPES
-    for op in NORMS:
-        if op not in ops and "norms" not in ops:
-            continue
-        case = NORM_CASES[op]
-        fused, composite, residual, bias = case.fused, case.composite, case.residual, case.bias
-        for dtype, (rows, hidden) in itertools.product(norm_dtypes, norm_shapes):
-            numel = rows * hidden
-            def make(rows=rows, hidden=hidden, residual=residual, bias=bias, dtype=dtype):
-                tensors = [torch.randn(rows, hidden, device=device, dtype=dtype) for _ in range(1 + residual)]
-                return tensors + [torch.randn(hidden, device=device, dtype=dtype) for _ in range(1 + bias)]
-            rows_in = 1 + residual
-            parameters = 1 + bias
-            # forward: x (+ residual) and parameters in, out (+ h) out; backward: the gradient of out
-            # (+ of h), h and weight in, one gradient of h (shared by x and residual) and the
-            # parameters' gradients out.
-            forward = (2 * rows_in) * numel + parameters * hidden
-            backward = (3 + residual) * numel + (1 + parameters) * hidden
-            yield (op, dtype, (rows, hidden), numel, make, fused, composite, forward, forward + backward)
 
 
 class Progress:
@@ -197,6 +111,19 @@ def median_time_us(run, device, numel, repeats):
     return statistics.median(times)
 
 
+def peak_memory_mb(step):
+    """MB the GPU allocator holds at the peak of one `step()` above what it held before: the call's
+    temporaries and outputs (and, forward + backward, what autograd saves and the gradients)."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    result = step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated()
+    del result
+    return (peak - before) / 2**20
+
+
 def copy_bandwidth_gbs(device, numel=None, repeats=None):
     numel = numel or ((1 << 29) if device == "cuda" else (1 << 25))  # 1 GiB of float16 on the GPU
     source = torch.randn(numel, device=device).half()
@@ -258,41 +185,41 @@ def run(args):
     rows = []
     variants = args.variants
     planned = list(workloads(device, dtypes, sizes, args.ops, headline=args.headline))
-    progress = Progress(len(planned) * 2 * len(variants) * rounds)
-    for op, dtype, shape, numel, make_inputs, fused, composite, forward_elements, training_elements in planned:
-        inputs = make_inputs()
-        grads = [torch.randn(out.shape, device=device, dtype=dtype) for out in as_outputs(fused(*inputs))]
+    progress = Progress(sum(2 * (len(variants) + len(work.peers)) * rounds for work in planned))
+    for work in planned:
+        inputs = work.make_inputs()
+        dtype, numel = work.dtype, work.numel
+        grads = [torch.randn(out.shape, device=device, dtype=dtype) for out in as_outputs(work.fused(*inputs))]
         torch._dynamo.reset()
-        functions = {"fused": fused, "eager": composite, "compile": torch.compile(composite)}
+        functions = {"fused": work.fused, "eager": work.composite, "compile": torch.compile(work.composite),
+                     **work.peers}
+        workload_variants = variants + [peer for peer in work.peers if peer not in variants]
         workload_rows = []
-        for mode, elements in (("forward", forward_elements), ("forward+backward", training_elements)):
-            row = {"op": op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
-                   "shape": list(shape), "mode": mode, "bytes": elements * inputs[0].element_size()}
+        for mode, elements in (("forward", work.forward_elements), ("forward+backward", work.training_elements)):
+            row = {"op": work.op, "dtype": str(dtype).replace("torch.", ""), "numel": numel,
+                   "shape": list(work.shape), "mode": mode, "bytes": elements * inputs[0].element_size()}
             steps = {}
-            for variant in variants:
+            for variant in workload_variants:
                 function = functions[variant]
                 if mode == "forward":
                     steps[variant] = lambda f=function: f(*inputs)  # noqa: E731
                 else:
-                    leaves = [t.detach().requires_grad_(True) for t in inputs]
+                    leaves = [t.detach().requires_grad_(work.takes_grad(i)) for i, t in enumerate(inputs)]
                     steps[variant] = lambda f=function, leaves=leaves: torch.autograd.grad(  # noqa: E731
-                        as_outputs(f(*leaves)), leaves, grads)
-            best = {variant: float("inf") for variant in variants}
+                        as_outputs(f(*leaves)), [t for t in leaves if t.requires_grad], grads)
+            best = {variant: float("inf") for variant in workload_variants}
             for round_index in range(rounds):
-                shift = round_index % len(variants)
-                for variant in variants[shift:] + variants[:shift]:
+                shift = round_index % len(workload_variants)
+                for variant in workload_variants[shift:] + workload_variants[:shift]:
                     best[variant] = min(best[variant], median_time_us(steps[variant], device, numel, repeats))
-                    progress.step(f"{op} {row['dtype']} {'x'.join(map(str, shape))} {mode} {variant}")
-            for variant in variants:
+                    progress.step(f"{work.op} {row['dtype']} {'x'.join(map(str, work.shape))} {mode} {variant}")
+            for variant in workload_variants:
                 row[f"{variant}_us"] = best[variant]
                 row[f"{variant}_gbs"] = row["bytes"] / best[variant] / 1e3
+                if device == "cuda":
+                    row[f"{variant}_peak_mb"] = peak_memory_mb(steps[variant])
             workload_rows.append(row)
         del inputs, grads
-        near = copy_check_gbs(device)
-        for row in workload_rows:
-            row["copy_gbs_near"] = near
-            row["disturbed"] = near < DISTURBED_FRACTION * copy_gbs
-        rows.extend(workload_rows)
     overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,
@@ -316,7 +243,7 @@ def source_commit():
 
 
 CSV_COLUMNS = ["op", "shape", "dtype", "mode", "variant", "us", "gbs", "percent_of_copy", "gpu", "torch", "date",
-               "commit"]
+               "commit", "peak_mb"]
 
 
 def append_csv(result, path, fused_label):
@@ -327,27 +254,32 @@ def append_csv(result, path, fused_label):
         if new_file:
             writer.writerow(CSV_COLUMNS)
         for row in result["rows"]:
-            for variant in ("fused", "eager", "compile"):
+            for variant in ("fused", "eager", "compile", "liger"):
                 if f"{variant}_us" not in row:
                     continue
                 writer.writerow([row["op"], "x".join(map(str, row["shape"])), row["dtype"], row["mode"],
                                  fused_label if variant == "fused" else variant, f"{row[f'{variant}_us']:.2f}",
                                  f"{row[f'{variant}_gbs']:.0f}",
                                  f"{100 * row[f'{variant}_gbs'] / result['copy_gbs']:.1f}", result["device"],
-                                 result["torch"], result["date"], result["commit"]])
+                                 result["torch"], result["date"], result["commit"],
+                                 f"{row[f'{variant}_peak_mb']:.1f}" if f"{variant}_peak_mb" in row else ""])
 
 
 def print_table(result):
     print(f"\n{result['device']}, torch {result['torch']}, {result['date']}; "
           f"copy bandwidth {result['copy_gbs']:.0f} GB/s (read + write)")
-    header = f"{'op':<15} {'dtype':<8} {'shape':>11} {'mode':<16} {'fused us':>9} {'eager us':>9} {'compile us':>10} {'fused GB/s':>10} {'% copy':>6}"
+    header = (f"{'op':<16} {'dtype':<8} {'shape':>11} {'mode':<16} {'fused us':>9} {'eager us':>9} {'compile us':>10} "
+              f"{'liger us':>9} {'fused GB/s':>10} {'% copy':>6} {'peak MB fused/compile/liger':>27}")
     print(header)
     print("-" * len(header))
     for row in result["rows"]:
         shape = "x".join(map(str, row["shape"])) if row["op"] != "relu_add" else "2^" + str(row["numel"].bit_length() - 1)
-        print(f"{row['op']:<15} {row['dtype']:<8} {shape:>11} {row['mode']:<16} "
+        peaks = "/".join(f"{row[f'{v}_peak_mb']:.0f}" if f"{v}_peak_mb" in row else "-"
+                         for v in ("fused", "compile", "liger"))
+        print(f"{row['op']:<16} {row['dtype']:<8} {shape:>11} {row['mode']:<16} "
               f"{row['fused_us']:9.1f} {row.get('eager_us', nan):9.1f} {row.get('compile_us', nan):10.1f} "
-              f"{row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f}" +
+              f"{row.get('liger_us', nan):9.1f} {row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f} "
+              f"{peaks:>27}" +
               (f"  DISTURBED: copy {row['copy_gbs_near']:.0f} GB/s next to this row" if row.get("disturbed") else ""))
     disturbed = sum(bool(row.get("disturbed")) for row in result["rows"])
     if disturbed:
@@ -422,9 +354,9 @@ def plot_relative_times(result, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ops", nargs="+", default=["relu_add", *DEFAULT_ACTIVATIONS, *NORMS],
+    parser.add_argument("--ops", nargs="+", default=DEFAULT_OPS,
                         help="relu_add, activation labels (bias_gelu_tanh, silu_mul, ...), norm labels "
-                             "(rms_norm, add_rms_norm, add_layer_norm, layer_norm) or 'norms'")
+                             "(rms_norm, add_rms_norm, add_layer_norm, layer_norm) or 'norms', rotary_embedding")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                         help="the norms run in bfloat16, and also in float16 when it is named")
     parser.add_argument("--min-log2", type=int, default=12)

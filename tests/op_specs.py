@@ -30,9 +30,14 @@ class OpSpec:
     # float64 inputs and options -> how much looser than the dtype's tolerance the absolute error
     # of gradients may be (ill-conditioned math, e.g. a norm of a row with a tiny RMS)
     gradient_scale: Callable = lambda inputs, **options: 1.0
-    family: str = "elementwise"  # the folder under ops/: elementwise, activations, norms
+    family: str = "elementwise"  # the folder under ops/: elementwise, activations, norms, rotary
     # the eager code a user would write instead, as the bench times it (default: reference)
     composite: Optional[Callable] = None
+    # the inputs that take gradients (default: all); the others must not require grad
+    differentiable: Optional[Sequence[int]] = None
+
+    def takes_grad(self, index):
+        return self.differentiable is None or index in self.differentiable
 
     def call(self, inputs, **options):
         return self.fused(*inputs, **options)
@@ -72,6 +77,43 @@ def norm_shapes(residual, bias):
     def shapes(shape):
         return [list(shape)] * (2 if residual else 1) + [[shape[-1]]] * (2 if bias else 1)
     return shapes
+
+
+def rotary_shapes(shape):
+    """q [B, 4, S, D] and k [B, 2, S, D] (grouped-query heads) and cos, sin [B, S, R] (or [S, R] for a
+    shape of fewer than 3 dims) for a drawn shape [B, ..., S, W]: D is W rounded up to even; an odd W
+    rotates only R = 2 * (D // 4) dims (partial rotation), an even one all D."""
+    width = shape[-1] if shape else 1
+    head_dim = max(2, width + width % 2)
+    rotary_dim = head_dim if width % 2 == 0 else 2 * (head_dim // 4)
+    sequence = shape[-2] if len(shape) >= 2 else 1
+    batch = [shape[0]] if len(shape) >= 3 else []
+    b = batch[0] if batch else 1
+    return [[b, 4, sequence, head_dim], [b, 2, sequence, head_dim], batch + [sequence, rotary_dim],
+            batch + [sequence, rotary_dim]]
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_every_two(x):
+    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+
+
+def rotary_reference(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
+    """Hugging Face's apply_rotary_pos_emb (GPT-J's pairs when interleaved) on the first R dims."""
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+
+    def rope(x):
+        rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+        turned = rotate_every_two(rotated) if interleaved else rotate_half(rotated)
+        return torch.cat([rotated * cos + turned * sin, passed], dim=-1)
+    return rope(q), rope(k)
 
 
 def rms_norm_reference(h, weight, eps=1e-6):
@@ -122,6 +164,10 @@ OPS = [
            {"eps": EPS_RANGE}, min_dims=1,
            gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, residual=True, centered=True),
            family="norms"),
+    OpSpec("rotary_embedding",
+           lambda q, k, cos, sin, interleaved=False: torch.ops.fused.rotary_embedding(q, k, cos, sin, 1, interleaved),
+           lambda q, k, cos, sin, interleaved=False: rotary_reference(q, k, cos, sin, 1, interleaved), rotary_shapes,
+           {"interleaved": [False, True]}, family="rotary", differentiable=(0, 1)),
 ]
 OPS_BY_NAME = {spec.name: spec for spec in OPS}
 

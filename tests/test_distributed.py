@@ -32,14 +32,18 @@ def devices(world):
     return ["cpu"] + (["cuda"] if has_gpus else [])
 
 
+# Ops on rows of one width; rotary_embedding (q, k and the tables shard differently) has its own test.
+ROW_OPS = [spec.name for spec in OPS if spec.family != "rotary"]
+
+
 @pytest.mark.parametrize("device", devices(2))
 def test_every_op_on_dtensors_of_two_processes(device):
-    spawn(2, device, "ops_on_dtensors", (2,), [spec.name for spec in OPS])
+    spawn(2, device, "ops_on_dtensors", (2,), ROW_OPS)
 
 
 @pytest.mark.parametrize("device", devices(4))
 def test_every_op_on_dtensors_of_a_two_by_two_mesh(device):
-    spawn(4, device, "ops_on_dtensors", (2, 2), [spec.name for spec in OPS])
+    spawn(4, device, "ops_on_dtensors", (2, 2), ROW_OPS)
 
 
 @pytest.mark.parametrize("device", devices(2))

@@ -49,10 +49,10 @@ def cases(draw, spec):
 def check_case(spec, device, case):
     dtype = case["dtype"]
     generator = torch.Generator().manual_seed(case["seed"])
-    inputs = [strided(shape, dtype, device, layout, generator).requires_grad_(True)
-              for shape, layout in zip(case["shapes"], case["layouts"])]
+    inputs = [strided(shape, dtype, device, layout, generator).requires_grad_(spec.takes_grad(index))
+              for index, (shape, layout) in enumerate(zip(case["shapes"], case["layouts"]))]
     outs = as_outputs(spec.call(inputs, **case["options"]))
-    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    inputs64 = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
     expected = as_outputs(spec.reference(*inputs64, **case["options"]))
     tolerance = TOLERANCE[dtype] * 4
     for out, want in zip(outs, expected, strict=True):
@@ -60,10 +60,12 @@ def check_case(spec, device, case):
         torch.testing.assert_close(out.double(), want, rtol=tolerance, atol=tolerance, equal_nan=True)
 
     grad_outs = [torch.randn(out.shape, generator=generator).to(dtype=dtype, device=device) for out in outs]
-    grads = torch.autograd.grad(outs, inputs, grad_outs, allow_unused=True)
-    expected_grads = torch.autograd.grad(expected, inputs64, [g.double() for g in grad_outs], allow_unused=True)
+    leaves = [t for t in inputs if t.requires_grad]
+    leaves64 = [t for t in inputs64 if t.requires_grad]
+    grads = torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True)
+    expected_grads = torch.autograd.grad(expected, leaves64, [g.double() for g in grad_outs], allow_unused=True)
     conditioning = spec.gradient_scale(inputs64, **case["options"])
-    for grad, want, tensor in zip(grads, expected_grads, inputs):
+    for grad, want, tensor in zip(grads, expected_grads, leaves):
         if want is None:
             continue
         assert grad is not None and grad.shape == tensor.shape and grad.dtype == dtype

@@ -22,6 +22,13 @@ def random_inputs(spec, shape, dtype, device, generator=None):
     return [torch.randn(s, generator=generator).to(dtype=dtype, device=device) for s in spec.input_shapes(shape)]
 
 
+def with_grad(spec, inputs):
+    """inputs, those that take gradients requiring grad; and those."""
+    for index, tensor in enumerate(inputs):
+        tensor.requires_grad_(spec.takes_grad(index))
+    return inputs, [t for t in inputs if t.requires_grad]
+
+
 def assert_matches_reference(spec, inputs, outs, options, dtype=torch.float32):
     expected = as_outputs(spec.reference(*[t.double() for t in inputs], **options))
     tolerance = TOLERANCE[dtype] * 4
@@ -46,12 +53,13 @@ def test_eight_threads_call_every_op(device):
             for _ in range(THREAD_ROUNDS):
                 for spec in OPS:
                     options = default_options(spec)
-                    inputs = [t.requires_grad_(True) for t in random_inputs(spec, (33, 64), torch.float32, device, generator)]
+                    inputs, leaves = with_grad(spec, random_inputs(spec, (33, 64), torch.float32, device, generator))
                     outs = spec.call(inputs, **options)
                     assert_matches_reference(spec, [t.detach() for t in inputs], outs, options)
-                    grads = torch.autograd.grad(output_sum(outs), inputs)
-                    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
-                    expected = torch.autograd.grad(output_sum(spec.reference(*inputs64, **options)), inputs64)
+                    grads = torch.autograd.grad(output_sum(outs), leaves)
+                    inputs64 = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
+                    expected = torch.autograd.grad(output_sum(spec.reference(*inputs64, **options)),
+                                                   [t for t in inputs64 if t.requires_grad])
                     for grad, want in zip(grads, expected):
                         torch.testing.assert_close(grad.double().cpu(), want.cpu(), rtol=1e-4, atol=1e-4)
         except Exception as error:  # noqa: BLE001 - reported below with the thread's index
@@ -69,18 +77,18 @@ def test_eight_threads_call_every_op(device):
 @pytest.mark.parametrize("spec", OPS, ids=SPEC_IDS)
 def test_cuda_graph_replays_on_new_values(spec):
     options = default_options(spec)
-    static = [t.requires_grad_(True) for t in random_inputs(spec, (64, 256), torch.float32, "cuda")]
-    grad_outs = [torch.randn(64, 256, device="cuda") for _ in as_outputs(spec.call(static, **options))]
+    static, leaves = with_grad(spec, random_inputs(spec, (64, 256), torch.float32, "cuda"))
+    grad_outs = [torch.randn(out.shape, device="cuda") for out in as_outputs(spec.call(static, **options))]
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up outside the capture, as torch.cuda.graphs asks
         for _ in range(2):
-            torch.autograd.grad(as_outputs(spec.call(static, **options)), static, grad_outs)
+            torch.autograd.grad(as_outputs(spec.call(static, **options)), leaves, grad_outs)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = spec.call(static, **options)
-        static_grads = torch.autograd.grad(as_outputs(static_out), static, grad_outs)
+        static_grads = torch.autograd.grad(as_outputs(static_out), leaves, grad_outs)
     for _ in range(3):
         fresh = random_inputs(spec, (64, 256), torch.float32, "cuda")
         with torch.no_grad():
@@ -88,8 +96,8 @@ def test_cuda_graph_replays_on_new_values(spec):
                 target.copy_(source)
         graph.replay()
         assert_matches_reference(spec, fresh, static_out, options)
-        inputs64 = [t.double().requires_grad_(True) for t in fresh]
-        expected = torch.autograd.grad(as_outputs(spec.reference(*inputs64, **options)), inputs64,
+        inputs64, leaves64 = with_grad(spec, [t.double() for t in fresh])
+        expected = torch.autograd.grad(as_outputs(spec.reference(*inputs64, **options)), leaves64,
                                        [g.double() for g in grad_outs])
         for grad, want in zip(static_grads, expected):
             torch.testing.assert_close(grad.double(), want, rtol=1e-4, atol=1e-4)
@@ -113,28 +121,35 @@ CHAIN_STEPS = 5
 def chain_inputs(spec, shape, options, device):
     """The first call's inputs, then each later call's own trailing inputs (y, bias, weight), and how
     many leading inputs the outputs replace. Every leaf is used once, so autograd adds no gradients
-    up: under graph capture that addition would wait on the legacy default stream."""
+    up: under graph capture that addition would wait on the legacy default stream. Inputs that take
+    gradients require grad."""
     first = random_inputs(spec, shape, torch.float32, device)
     leading = len(as_outputs(spec.call(first, **options)))
     later = [random_inputs(spec, shape, torch.float32, device)[leading:] for _ in range(CHAIN_STEPS - 1)]
+    with_grad(spec, first)
+    for inputs in later:
+        for index, tensor in enumerate(inputs, start=leading):
+            tensor.requires_grad_(spec.takes_grad(index))
     return [first, *later], leading
 
 
 def chained_calls(spec, step_inputs, leading, options, call):
     """CHAIN_STEPS calls, each on the outputs of the one before with no other kernel between them:
     the outputs, viewed as rows of the first input's width, are the next call's x (and residual).
-    The gated ops halve the rows at every step."""
+    The gated ops halve the rows at every step; outputs of their input's shape (norms, rotary) stay as they are."""
     current = list(step_inputs[0])
     for later in step_inputs[1:]:
         width = current[0].shape[-1]
-        current = [out.view(-1, width) for out in as_outputs(call(*current, **options))] + list(later)
+        outs = as_outputs(call(*current, **options))
+        current = [out if out.shape == before.shape else out.view(-1, width)
+                   for out, before in zip(outs, current)] + list(later)
     return as_outputs(call(*current, **options))
 
 
 def assert_chain_matches_reference(spec, step_inputs, leading, outs, grads, grad_outs, options):
-    inputs64 = [[t.detach().double().cpu().requires_grad_(True) for t in inputs] for inputs in step_inputs]
+    inputs64 = [[t.detach().double().cpu().requires_grad_(t.requires_grad) for t in inputs] for inputs in step_inputs]
     expected = chained_calls(spec, inputs64, leading, options, spec.reference)
-    leaves64 = [t for inputs in inputs64 for t in inputs]
+    leaves64 = [t for inputs in inputs64 for t in inputs if t.requires_grad]
     expected_grads = torch.autograd.grad(expected, leaves64, [g.double().cpu() for g in grad_outs])
     pairs = [*zip(outs, expected, strict=True), *zip(grads, expected_grads, strict=True)]
     for actual, want in pairs:
@@ -153,7 +168,7 @@ def test_back_to_back_dependent_calls(spec, timing):
     options = default_options(spec)
     shape = (256, 512) if timing == "graph" else (1024, 2048)
     step_inputs, leading = chain_inputs(spec, shape, options, "cuda")
-    leaves = [t.requires_grad_(True) for inputs in step_inputs for t in inputs]
+    leaves = [t for inputs in step_inputs for t in inputs if t.requires_grad]
     # Shapes only, without autograd: a graph made with autograd and kept alive would keep its leaves'
     # AccumulateGrad nodes on the default stream, and capturing any op's chain backward then fails.
     with torch.no_grad():
@@ -191,18 +206,20 @@ def test_back_to_back_dependent_calls(spec, timing):
 def test_second_gpu(spec):
     options = default_options(spec)
     torch.cuda.set_device(0)  # the current device differs from the inputs' device
-    inputs = [t.requires_grad_(True) for t in random_inputs(spec, (64, 256), torch.float32, "cuda:1")]
+    inputs, leaves = with_grad(spec, random_inputs(spec, (64, 256), torch.float32, "cuda:1"))
     outs = spec.call(inputs, **options)
     assert all(out.device == torch.device("cuda:1") for out in as_outputs(outs))
     assert_matches_reference(spec, [t.detach() for t in inputs], outs, options)
-    grads = torch.autograd.grad(output_sum(outs), inputs)
+    grads = torch.autograd.grad(output_sum(outs), leaves)
     assert all(grad.device == torch.device("cuda:1") for grad in grads)
 
 
 HUGE_ROW = 8192
 HUGE_ROWS = (1 << 31) // HUGE_ROW + 3  # output of more than 2^31 elements
 LONG_ROW = 1 << 17  # norms: rows of 2^17 elements (the long-row kernels), T·H > 2^31
-HUGE_CASES = [pytest.param(spec, (HUGE_ROWS, HUGE_ROW), id=f"{spec.name}-{HUGE_ROW}") for spec in OPS] + [
+# Ops whose inputs are rows of the output's width; rotary_embedding's own test covers its 4-D heads.
+HUGE_CASES = [pytest.param(spec, (HUGE_ROWS, HUGE_ROW), id=f"{spec.name}-{HUGE_ROW}")
+              for spec in OPS if spec.family != "rotary"] + [
     pytest.param(spec, ((1 << 31) // LONG_ROW + 3, LONG_ROW), id=f"{spec.name}-{LONG_ROW}")
     for spec in OPS if "norm" in spec.name]
 

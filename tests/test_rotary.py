@@ -7,32 +7,10 @@ from torch.library import opcheck
 
 import fused_ops
 from conftest import assert_bad_input_rejected, assert_close_to_reference
+from op_specs import rotary_reference as reference
 
 # A rotation sums two products, then one rounding: a few ulp of the dtype.
 SCALE = 4.0
-
-
-def rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def rotate_every_two(x):
-    return torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
-
-
-def reference(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
-    """Hugging Face's apply_rotary_pos_emb (GPT-J's pairs when interleaved) on the first R dims."""
-    if cos.dim() == 2:
-        cos, sin = cos[None], sin[None]
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    rotary_dim = cos.shape[-1]
-
-    def rope(x):
-        rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
-        turned = rotate_every_two(rotated) if interleaved else rotate_half(rotated)
-        return torch.cat([rotated * cos + turned * sin, passed], dim=-1)
-    return rope(q), rope(k)
 
 
 def tables(batch, sequence, rotary_dim, dtype, device, interleaved=False):
@@ -231,3 +209,43 @@ def bad_rotary_inputs(device):
 @pytest.mark.absent(lambda device, case: case >= len(bad_rotary_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_rotary_inputs(device), case)
+
+
+@pytest.mark.parametrize("layout", ["stepped", "offset"])
+def test_heads_the_vector_kernel_cannot_take(device, dtype, layout):
+    """Head vectors with a stride (every other element) or a data pointer off the vector alignment take
+    the strided kernel; the values are the same."""
+    q, k, cos, sin = make_inputs(2, 4, 2, 5, 64, 64, dtype, device)
+    if layout == "stepped":
+        q = torch.stack([q, q], -1)[..., 0]
+    else:
+        q = torch.cat([torch.zeros(1, dtype=dtype, device=device), q.flatten()])[1:].view(q.shape)
+    check_values(q, k, cos, sin, 1, False, dtype)
+
+
+@pytest.mark.cuda_only
+@pytest.mark.slow
+def test_more_than_2_to_the_31_elements():
+    """q and k of more than 2^31 bf16 elements each, forward and backward, checked on the positions at
+    both ends and around element 2^31."""
+    head_dim = 128
+    sequence = (1 << 31) // head_dim + 3
+    if torch.cuda.mem_get_info()[0] < 48 * 2**30:
+        pytest.skip("needs about 48 GB of free GPU memory")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, cos, sin = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator)
+                      for shape in ((1, 1, sequence, head_dim),) * 2 + ((sequence, head_dim),) * 2)
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    outs = fused_ops.rotary_embedding(q, k, cos, sin)
+    grad_outs = [torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=generator) for out in outs]
+    grads = torch.autograd.grad(outs, (q, k), grad_outs)
+    boundary = (1 << 31) // head_dim
+    for rows in (slice(0, 2), slice(boundary - 1, boundary + 2), slice(sequence - 2, sequence)):
+        pieces = [t.detach()[:, :, rows].double().requires_grad_(True) for t in (q, k)]
+        expected = reference(*pieces, cos[rows].double(), sin[rows].double())
+        for out, want in zip(outs, expected):
+            assert_close_to_reference(out[:, :, rows], want, torch.bfloat16, SCALE)
+        expected_grads = torch.autograd.grad(expected, pieces, [g[:, :, rows].double() for g in grad_outs])
+        for grad, want in zip(grads, expected_grads):
+            assert_close_to_reference(grad[:, :, rows], want, torch.bfloat16, SCALE)

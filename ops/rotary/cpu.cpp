@@ -44,17 +44,21 @@ void rotary_cpu(const RotaryProblem& p, at::ScalarType dtype, at::ScalarType tab
   });
 }
 
+void rotary_cpu_both(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::ScalarType table_dtype) {
+  for (const RotaryProblem& problem : problems) rotary_cpu(problem, dtype, table_dtype);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                                                         const at::Tensor& sin, int64_t unsqueeze_dim, bool interleaved) {
-  return rotary_embedding_apply(q, k, cos, sin, unsqueeze_dim, interleaved, false, rotary_cpu);
+  return rotary_embedding_apply(q, k, cos, sin, unsqueeze_dim, interleaved, false, rotary_cpu_both);
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_backward_cpu(const at::Tensor& grad_q, const at::Tensor& grad_k,
                                                                  const at::Tensor& cos, const at::Tensor& sin,
                                                                  int64_t unsqueeze_dim, bool interleaved) {
-  return rotary_embedding_apply(grad_q, grad_k, cos, sin, unsqueeze_dim, interleaved, true, rotary_cpu);
+  return rotary_embedding_apply(grad_q, grad_k, cos, sin, unsqueeze_dim, interleaved, true, rotary_cpu_both);
 }
 
 }  // namespace fused_ops

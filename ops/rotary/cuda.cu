@@ -1,39 +1,62 @@
-// CUDA kernels of the rotary family: one thread per rotated pair or passed-through element of a head
-// vector, any strides, 64-bit offsets. (A vectorized path for contiguous heads is not written yet.)
+// CUDA kernels of the rotary family. q and k go in one launch: the first blocks take q, the rest k.
+// The vectorized kernel moves whole vectors of a head (16 bytes where the layout allows, see
+// launch_plan.h) with rows in the tensor's memory order, so the cos/sin rows that the heads of one
+// position share stay in cache; the strided kernel takes any strides, one pair per thread.
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "../common/cuda_launch.cuh"
+#include "../common/vector.cuh"
+#include "launch_plan.h"
 #include "rotary.h"
 
 namespace fused_ops {
 namespace cuda {
 namespace {
 
+// Both tensors' problems; blocks [0, first_blocks) rotate q, the others k.
+struct RotaryPair {
+  RotaryProblem tensors[2];
+  unsigned int first_blocks;
+  bool sequence_outer[2];
+};
+
+struct BlockShare {
+  int tensor;
+  int64_t block, blocks;
+};
+
+__device__ __forceinline__ BlockShare block_share(unsigned int first_blocks) {
+  const bool first = blockIdx.x < first_blocks;
+  return first ? BlockShare{0, blockIdx.x, first_blocks}
+               : BlockShare{1, blockIdx.x - first_blocks, gridDim.x - first_blocks};
+}
+
 template <typename scalar_t, typename table_t>
-__global__ void __launch_bounds__(kThreadsPerBlock) rotary_strided_kernel(RotaryProblem p) {
+__global__ void __launch_bounds__(kThreadsPerBlock) rotary_strided_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
+  const BlockShare share = block_share(pair.first_blocks);
+  const RotaryProblem& p = pair.tensors[share.tensor];
   const int64_t heads = p.sizes[1], sequence = p.sizes[2], head_dim = p.sizes[3];
   const int64_t half = p.rotary_dim / 2;
   const int64_t items_per_row = half + (head_dim - p.rotary_dim);
   const int64_t items = p.sizes[0] * heads * sequence * items_per_row;
-  for (int64_t item = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; item < items;
-       item += int64_t(gridDim.x) * blockDim.x) {
+  const scalar_t* x = static_cast<const scalar_t*>(p.x);
+  scalar_t* out = static_cast<scalar_t*>(p.out);
+  const table_t* cos = static_cast<const table_t*>(p.cos);
+  const table_t* sin = static_cast<const table_t*>(p.sin);
+  for (int64_t item = share.block * blockDim.x + threadIdx.x; item < items; item += share.blocks * blockDim.x) {
     const int64_t row = item / items_per_row, j = item % items_per_row;
     const int64_t s = row % sequence, h = (row / sequence) % heads, b = row / (sequence * heads);
     auto offset = [&](const int64_t (&strides)[4], int64_t e) {
       return b * strides[0] + h * strides[1] + s * strides[2] + e * strides[3];
     };
-    const scalar_t* x = static_cast<const scalar_t*>(p.x);
-    scalar_t* out = static_cast<scalar_t*>(p.out);
     if (j < half) {
       const int64_t ia = p.interleaved ? 2 * j : j;
       const int64_t ib = p.interleaved ? 2 * j + 1 : j + half;
-      const table_t* cos = static_cast<const table_t*>(p.cos);
-      const table_t* sin = static_cast<const table_t*>(p.sin);
       opmath_t a = static_cast<opmath_t>(x[offset(p.x_strides, ia)]);
       opmath_t c = static_cast<opmath_t>(x[offset(p.x_strides, ib)]);
       rotate_pair(a, c, static_cast<opmath_t>(cos[offset(p.cos_strides, ia)]),
@@ -49,13 +72,118 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_strided_kernel(Rotary
   }
 }
 
-void rotary_cuda(const RotaryProblem& p, at::ScalarType dtype, at::ScalarType table_dtype) {
+// kWidth elements of a table row in opmath, in loads of at most 16 bytes (a float32 table under a
+// 16-bit q takes two per 16-byte vector of q).
+template <int kWidth, typename table_t, typename opmath_t>
+__device__ __forceinline__ void load_table(const table_t* row, int64_t element, opmath_t (&values)[kWidth]) {
+  constexpr int kBytes = kWidth * int(sizeof(table_t)) < 16 ? kWidth * int(sizeof(table_t)) : 16;
+  constexpr int kPerLoad = kBytes / int(sizeof(table_t));
+#pragma unroll
+  for (int chunk = 0; chunk < kWidth / kPerLoad; ++chunk) {
+    opmath_t part[kPerLoad];
+    unpack_vec(load_vec<kBytes>(row + element + chunk * kPerLoad, 0), part);
+#pragma unroll
+    for (int j = 0; j < kPerLoad; ++j) values[chunk * kPerLoad + j] = part[j];
+  }
+}
+
+template <typename scalar_t, typename table_t, int kWidth>
+__global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(RotaryPair pair) {
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  const BlockShare share = block_share(pair.first_blocks);
+  const RotaryProblem& p = pair.tensors[share.tensor];
+  const bool sequence_outer = pair.sequence_outer[share.tensor];
+  const uint32_t heads = p.sizes[1], sequence = p.sizes[2];
+  const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
+  const uint32_t rotated_items = (p.interleaved ? rotary_dim : half) / kWidth;
+  const uint32_t items_per_row = rotated_items + (uint32_t(p.sizes[3]) - rotary_dim) / kWidth;
+  const uint32_t items = uint32_t(p.sizes[0]) * heads * sequence * items_per_row;
+  for (int64_t item = share.block * blockDim.x + threadIdx.x; item < items; item += share.blocks * blockDim.x) {
+    const uint32_t row = uint32_t(item) / items_per_row, j = uint32_t(item) - row * items_per_row;
+    uint32_t b, h, s;
+    if (sequence_outer) {
+      h = row % heads;
+      s = (row / heads) % sequence;
+      b = row / heads / sequence;
+    } else {
+      s = row % sequence;
+      h = (row / sequence) % heads;
+      b = row / sequence / heads;
+    }
+    auto row_offset = [&](const int64_t (&strides)[4]) {
+      return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
+    };
+    const scalar_t* x = static_cast<const scalar_t*>(p.x) + row_offset(p.x_strides);
+    scalar_t* out = static_cast<scalar_t*>(p.out) + row_offset(p.out_strides);
+    if (j >= rotated_items) {
+      const int64_t e = rotary_dim + (j - rotated_items) * kWidth;
+      store_vec<kBytes>(out + e, 0, load_vec<kBytes>(x + e, 0));
+      continue;
+    }
+    const table_t* cos = static_cast<const table_t*>(p.cos) + row_offset(p.cos_strides);
+    const table_t* sin = static_cast<const table_t*>(p.sin) + row_offset(p.sin_strides);
+    if (p.interleaved) {
+      const int64_t e = int64_t(j) * kWidth;
+      opmath_t v[kWidth], c[kWidth], sn[kWidth];
+      unpack_vec(load_vec<kBytes>(x + e, 0), v);
+      load_table(cos, e, c);
+      load_table(sin, e, sn);
+#pragma unroll
+      for (int i = 0; i < kWidth; i += 2) rotate_pair(v[i], v[i + 1], c[i], c[i + 1], sn[i], sn[i + 1], p.transposed);
+      store_vec<kBytes>(out + e, 0, pack_vec<scalar_t, kBytes>(v));
+    } else {
+      const int64_t ea = int64_t(j) * kWidth, eb = ea + half;
+      opmath_t a[kWidth], c[kWidth], cos_a[kWidth], cos_b[kWidth], sin_a[kWidth], sin_b[kWidth];
+      unpack_vec(load_vec<kBytes>(x + ea, 0), a);
+      unpack_vec(load_vec<kBytes>(x + eb, 0), c);
+      load_table(cos, ea, cos_a);
+      load_table(cos, eb, cos_b);
+      load_table(sin, ea, sin_a);
+      load_table(sin, eb, sin_b);
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) rotate_pair(a[i], c[i], cos_a[i], cos_b[i], sin_a[i], sin_b[i], p.transposed);
+      store_vec<kBytes>(out + ea, 0, pack_vec<scalar_t, kBytes>(a));
+      store_vec<kBytes>(out + eb, 0, pack_vec<scalar_t, kBytes>(c));
+    }
+  }
+}
+
+int64_t rotary_items(const RotaryProblem& p, int vector_elements) {
+  const int64_t rows = p.sizes[0] * p.sizes[1] * p.sizes[2];
+  if (vector_elements == 1) return rows * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
+  const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
+  return rows * (rotated / vector_elements + (p.sizes[3] - p.rotary_dim) / vector_elements);
+}
+
+void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::ScalarType table_dtype) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const int64_t items = p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
-  if (items == 0) return;
   FUSED_DISPATCH_MIXED_TYPES(dtype, table_dtype, "rotary_cuda", [&] {
-    launch_kernel(rotary_strided_kernel<scalar_t, weight_t>, grid_size(items), kThreadsPerBlock, 0, stream, p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const RotaryLaunchPlan plan = plan_rotary(problems, sizeof(scalar_t), sizeof(weight_t));
+    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}};
+    // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.
+    const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan.vector_elements)), 1u << 29);
+    const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan.vector_elements)), 1u << 29);
+    pair.first_blocks = first_blocks;
+    const unsigned int blocks = first_blocks + second_blocks;
+    auto launch = [&](auto kernel) {
+      launch_kernel(kernel, blocks, kThreadsPerBlock, 0, stream, pair);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    };
+    switch (plan.vector_elements) {
+      case 1:
+        return launch(rotary_strided_kernel<scalar_t, weight_t>);
+      case 2:
+        return launch(rotary_vectorized_kernel<scalar_t, weight_t, 2>);
+      case 4:
+        if constexpr (sizeof(scalar_t) <= 4) return launch(rotary_vectorized_kernel<scalar_t, weight_t, 4>);
+        break;
+      case 8:
+        if constexpr (sizeof(scalar_t) <= 2) return launch(rotary_vectorized_kernel<scalar_t, weight_t, 8>);
+        break;
+    }
+    TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", plan.vector_elements, "-element vectors");
   });
 }
 

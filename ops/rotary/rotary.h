@@ -30,7 +30,8 @@ FUSED_HOST_DEVICE void rotate_pair(opmath_t& a, opmath_t& b, opmath_t cos_a, opm
 }
 
 // q or k seen as [B, H, S, D] (heads second whatever the layout), its output likewise, and cos and sin
-// broadcast to [B, H, S, R] (stride 0 along the heads, and along a batch of one). Strides in elements.
+// broadcast to [B, H, S, R] (stride 0 along the heads, and along a batch of one). Strides in elements;
+// a dim of size one has stride 0, so it never decides a layout or an alignment.
 struct RotaryProblem {
   const void* x;
   int64_t x_strides[4];
@@ -48,8 +49,9 @@ struct RotaryProblem {
 
 inline int64_t rotary_heads_dim(int64_t unsqueeze_dim) { return unsqueeze_dim < 0 ? unsqueeze_dim + 4 : unsqueeze_dim; }
 
-// Allocates the outputs (contiguous, in q's and k's layouts) and hands one problem per tensor to `run`
-// (the CPU or CUDA loop). The checks (registration/checks.cpp) have run.
+// Allocates the outputs (contiguous, in q's and k's layouts) and hands both problems, q's then k's, to
+// `run` (the CPU or CUDA loop) in one call, so the GPU rotates both in one launch. The checks
+// (registration/checks.cpp) have run.
 template <typename Run>
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_apply(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& cos, const at::Tensor& sin,
@@ -57,8 +59,7 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_apply(const at::Tensor& q, c
                                                           Run run) {
   const bool heads_second = rotary_heads_dim(unsqueeze_dim) == 1;
   auto as_heads_second = [&](const at::Tensor& t) { return heads_second ? t : t.transpose(1, 2); };
-  auto one = [&](const at::Tensor& x) {
-    at::Tensor out = empty_contiguous_like(x);
+  auto describe = [&](const at::Tensor& x, const at::Tensor& out) {
     const at::Tensor x_view = as_heads_second(x);
     const at::Tensor out_view = as_heads_second(out);
     auto table = [&](const at::Tensor& t) {  // [B or 1, S, R] -> [B, H, S, R]
@@ -73,8 +74,8 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_apply(const at::Tensor& q, c
     problem.cos = cos_view.const_data_ptr();
     problem.sin = sin_view.const_data_ptr();
     for (int d = 0; d < 4; ++d) {
-      problem.x_strides[d] = x_view.stride(d);
-      problem.out_strides[d] = out_view.stride(d);
+      problem.x_strides[d] = x_view.size(d) == 1 ? 0 : x_view.stride(d);
+      problem.out_strides[d] = out_view.size(d) == 1 ? 0 : out_view.stride(d);
       problem.cos_strides[d] = cos_view.size(d) == 1 ? 0 : cos_view.stride(d);
       problem.sin_strides[d] = sin_view.size(d) == 1 ? 0 : sin_view.stride(d);
       problem.sizes[d] = x_view.size(d);
@@ -82,10 +83,13 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_apply(const at::Tensor& q, c
     problem.rotary_dim = cos.size(-1);
     problem.interleaved = interleaved;
     problem.transposed = transposed;
-    if (x.numel() > 0) run(problem, x.scalar_type(), cos.scalar_type());
-    return out;
+    return problem;
   };
-  return {one(q), one(k)};
+  at::Tensor q_out = empty_contiguous_like(q);
+  at::Tensor k_out = empty_contiguous_like(k);
+  const RotaryProblem problems[2] = {describe(q, q_out), describe(k, k_out)};
+  if (q.numel() + k.numel() > 0) run(problems, q.scalar_type(), cos.scalar_type());
+  return {q_out, k_out};
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,

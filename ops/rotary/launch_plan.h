@@ -1,0 +1,61 @@
+#pragma once
+// The rotary family's launch policy: the widest vector every operand of both tensors allows (16 bytes
+// of q's dtype at most), or the strided kernel, and the row order that follows each tensor's memory.
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <limits>
+
+#include "rotary.h"
+
+namespace fused_ops {
+namespace cuda {
+
+struct RotaryLaunchPlan {
+  int vector_elements = 1;  // 1: the strided kernel
+  bool sequence_outer[2] = {false, false};  // rows ordered (b, s, h) rather than (b, h, s)
+};
+
+// Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
+// and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
+// `width`, pointers aligned to the vector, and 32-bit row and item counts.
+inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
+                               int64_t table_element_size) {
+  const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+  if (rotated % width != 0 || (problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
+  if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
+  if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
+  for (const int64_t* stride : {problem.x_strides, problem.out_strides, problem.cos_strides, problem.sin_strides}) {
+    for (int d = 0; d < 3; ++d) {
+      if (stride[d] % width != 0) return false;
+    }
+  }
+  auto aligned = [](const void* pointer, int64_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; };
+  const int64_t vector_bytes = width * element_size;
+  const int64_t table_bytes = std::min<int64_t>(16, width * table_element_size);
+  if (!aligned(problem.x, vector_bytes) || !aligned(problem.out, vector_bytes) || !aligned(problem.cos, table_bytes) ||
+      !aligned(problem.sin, table_bytes)) {
+    return false;
+  }
+  const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
+  const int64_t items = rows * (rotated / width + (problem.sizes[3] - problem.rotary_dim) / width);
+  return items < std::numeric_limits<int32_t>::max();
+}
+
+inline RotaryLaunchPlan plan_rotary(const RotaryProblem (&problems)[2], int64_t element_size,
+                                    int64_t table_element_size) {
+  RotaryLaunchPlan plan;
+  for (int t = 0; t < 2; ++t) plan.sequence_outer[t] = problems[t].x_strides[2] > problems[t].x_strides[1];
+  // Pairs of the interleaved form must sit inside one vector, so vectors hold at least two elements.
+  for (int width = int(16 / element_size); width >= 2; width /= 2) {
+    if (rotary_vector_fits(problems[0], width, element_size, table_element_size) &&
+        rotary_vector_fits(problems[1], width, element_size, table_element_size)) {
+      plan.vector_elements = width;
+      return plan;
+    }
+  }
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace fused_ops
