@@ -1,54 +1,13 @@
 // C++ autograd for every op, registered at the `Autograd` key. Forwards re-dispatch below
 // autograd; backwards call only registered ops (fused::*_backward, aten), so AOTAutograd can
 // trace them and gradients work in a C++ process too.
-#include <ATen/ATen.h>
-#include <torch/autograd.h>
-#include <torch/library.h>
-
-#include <mutex>
 #include <numeric>
-#include <optional>
-#include <tuple>
-#include <type_traits>
 
 #include "../ops/norms/norm.h"
+#include "autograd.h"
 
 namespace fused_ops {
 namespace {
-
-using torch::autograd::AutogradContext;
-using torch::autograd::variable_list;
-
-// A registered op of the `fused` namespace, called through the dispatcher. Its handle is looked up on
-// the first call: the schemas register when the library loads, after these objects are built.
-template <typename Signature>
-class FusedOp;
-
-template <typename Return, typename... Args>
-class FusedOp<Return(Args...)> {
- public:
-  using Signature = Return(Args...);
-
-  explicit FusedOp(const char* name) : name_(name) {}
-
-  Return operator()(Args... args) const {
-    std::call_once(found_, [this] {
-      handle_ = c10::Dispatcher::singleton().findSchemaOrThrow(name_, "").template typed<Signature>();
-    });
-    return handle_->call(args...);
-  }
-
-  // The backend's kernel, with no graph recorded.
-  Return below_autograd(Args... args) const {
-    at::AutoDispatchBelowADInplaceOrView below;
-    return (*this)(args...);
-  }
-
- private:
-  const char* name_;
-  mutable std::once_flag found_;
-  mutable std::optional<c10::TypedOperatorHandle<Signature>> handle_;
-};
 
 using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
 using ThreeTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
@@ -79,22 +38,15 @@ const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bo
     "fused::rotary_embedding"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_backward_op{
     "fused::rotary_embedding_backward"};
-
-inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
-inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
-  return tensor.has_value() && tensor->defined() && tensor->requires_grad();
-}
-template <typename Option>
-bool requires_grad(const Option&) {
-  return false;
-}
-
-// Whether a call must record a graph node; otherwise the op runs without one (the eager inference
-// path stays as short as the op itself).
-template <typename... Arguments>
-bool records_gradient(const Arguments&... arguments) {
-  return at::GradMode::is_enabled() && (requires_grad(arguments) || ...);
-}
+using GradientMask = std::array<bool, 3>;
+const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double, StringOption, double)>
+    linear_cross_entropy_op{"fused::linear_cross_entropy"};
+const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double, StringOption, double, GradientMask)>
+    linear_cross_entropy_with_gradients_op{"fused::linear_cross_entropy_with_gradients"};
+const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double,
+                           StringOption, double, GradientMask)>
+    linear_cross_entropy_backward_op{"fused::linear_cross_entropy_backward"};
 
 // The gradients of relu_add's x and y, from the mask its forward saved (when x needed a gradient)
 // and y's sizes.
@@ -423,24 +375,6 @@ void check_rotary_tables_need_no_gradient(const char* op, const at::Tensor& cos,
               "position table); pass cos.detach() and sin.detach()");
 }
 
-// The Autograd kernel of an op whose graph node is `Function`: the op below autograd when no input
-// needs a gradient (the eager inference path stays as short as the op itself), else Function::apply.
-template <typename Function, const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
-struct AutogradKernel;
-
-template <typename Function, const auto& kOp, typename Return, typename... Args>
-struct AutogradKernel<Function, kOp, Return(Args...)> {
-  static Return call(Args... args) {
-    if (!records_gradient(args...)) return kOp.below_autograd(args...);
-    if constexpr (std::is_same_v<Return, at::Tensor>) {
-      return Function::apply(args...);
-    } else {  // a Function of several outputs returns them as a list
-      const variable_list outputs = Function::apply(args...);
-      return {outputs[0], outputs[1]};
-    }
-  }
-};
-
 template <const auto& kOp, const auto& kTranspose>
 TwoTensors rotary_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
                            int64_t unsqueeze_dim, bool interleaved) {
@@ -448,6 +382,74 @@ TwoTensors rotary_autograd(const at::Tensor& q, const at::Tensor& k, const at::T
                                        cos, sin);
   return AutogradKernel<RotaryFunction<kOp, kTranspose>, kOp>::call(q, k, cos, sin, unsqueeze_dim, interleaved);
 }
+
+// linear_cross_entropy. With the mean or the sum, the forward computes the gradients for
+// grad_output = 1 along with the loss (the logits are in hand then) and the backward scales them in
+// place: no [N, V] tensor at any time and no second pass over the products. With 'none' each row's
+// grad_output is known only in the backward, which recomputes the logits chunk by chunk; so does a
+// second backward through the same graph.
+class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossEntropyFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                            const at::Tensor& target, const OptionalTensor& bias, int64_t ignore_index,
+                            double label_smoothing, StringOption reduction, double softcap) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const GradientMask mask = {input.requires_grad(), weight.requires_grad(), requires_grad(bias)};
+    ctx->saved_data["options"] = c10::IValue(std::make_tuple(ignore_index, label_smoothing, std::string(reduction), softcap));
+    ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));
+    ctx->save_for_backward({input, weight, target, bias.has_value() ? *bias : at::Tensor()});
+    if (reduction == "none") {
+      return linear_cross_entropy_op(input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap);
+    }
+    auto [loss, grad_input, grad_weight, grad_bias] = linear_cross_entropy_with_gradients_op(
+        input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, mask);
+    ctx->saved_data["gradients"] = c10::IValue(std::vector<at::Tensor>{grad_input, grad_weight, grad_bias});
+    return loss;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "fused::linear_cross_entropy: double backward (create_graph=True) is "
+                "not supported: the op's gradients are not differentiable");
+    const auto options = ctx->saved_data["options"].to<std::tuple<int64_t, double, std::string, double>>();
+    const auto& [ignore_index, label_smoothing, reduction, softcap] = options;
+    const c10::List<bool> mask_list = ctx->saved_data["mask"].toBoolList();
+    const GradientMask mask = {mask_list[0], mask_list[1], mask_list[2]};
+    at::Tensor grad_input, grad_weight, grad_bias;
+    auto computed = ctx->saved_data.find("gradients");
+    if (computed != ctx->saved_data.end()) {
+      // The forward's gradients, scaled in place and handed over: no second copy of the weight's.
+      const std::vector<at::Tensor> gradients = computed->second.toTensorVector();
+      ctx->saved_data.erase(computed);
+      const at::Tensor& scale = grad_outputs[0];
+      grad_input = mask[0] ? gradients[0].mul_(scale) : at::Tensor();
+      grad_weight = mask[1] ? gradients[1].mul_(scale) : at::Tensor();
+      grad_bias = mask[2] ? gradients[2].mul_(scale) : at::Tensor();
+    } else {
+      // 'none', or a later backward through the same graph (retain_graph=True): recomputed.
+      const variable_list saved = ctx->get_saved_variables();
+      const OptionalTensor bias = saved[3].defined() ? OptionalTensor(saved[3]) : std::nullopt;
+      std::tie(grad_input, grad_weight, grad_bias) = linear_cross_entropy_backward_op(
+          grad_outputs[0], saved[0], saved[1], saved[2], bias, ignore_index, label_smoothing, reduction, softcap, mask);
+    }
+    return {mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor(),
+            mask[2] ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The gradient ops of linear_cross_entropy are not differentiable: an error where a graph would be needed.
+template <const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
+struct NotDifferentiable;
+
+template <const auto& kOp, typename Return, typename... Args>
+struct NotDifferentiable<kOp, Return(Args...)> {
+  static Return call(Args... args) {
+    const bool backward = static_cast<const void*>(&kOp) == static_cast<const void*>(&linear_cross_entropy_backward_op);
+    TORCH_CHECK(!records_gradient(args...), "fused::",
+                backward ? "linear_cross_entropy_backward" : "linear_cross_entropy_with_gradients",
+                ": not differentiable (linear_cross_entropy has no double backward)");
+    return kOp.below_autograd(args...);
+  }
+};
 
 }  // namespace
 }  // namespace fused_ops
@@ -473,4 +475,8 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("layer_norm_backward", &layer_norm_backward_autograd);
   m.impl("rotary_embedding", &rotary_autograd<rotary_embedding_op, rotary_embedding_backward_op>);
   m.impl("rotary_embedding_backward", &rotary_autograd<rotary_embedding_backward_op, rotary_embedding_op>);
+  m.impl("linear_cross_entropy", &AutogradKernel<LinearCrossEntropyFunction, linear_cross_entropy_op>::call);
+  m.impl("linear_cross_entropy_with_gradients",
+         &NotDifferentiable<linear_cross_entropy_with_gradients_op>::call);
+  m.impl("linear_cross_entropy_backward", &NotDifferentiable<linear_cross_entropy_backward_op>::call);
 }

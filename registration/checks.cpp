@@ -1,5 +1,7 @@
 #include "checks.h"
 
+#include <cmath>
+
 #include <cstring>
 
 #include "../ops/common/bit_mask.h"
@@ -203,6 +205,62 @@ void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(cos.dim() == 2 || cos.sym_size(0) == 1 || cos.sym_size(0) == q.sym_size(0), "fused::", op,
               ": expected cos of shape ", cos.sym_sizes(), " to have ", q_name, "'s batch ", q.sym_size(0),
               " or 1 in dim 0");
+}
+
+CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const at::Tensor& input,
+                                                         const at::Tensor& weight, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
+                                                         double label_smoothing, c10::string_view reduction,
+                                                         double softcap) {
+  check_floating(op, "input", input);
+  check_same_dtype(op, "weight", weight, "input", input);
+  check_same_device(op, "weight", weight, "input", input);
+  check_same_device(op, "target", target, "input", input);
+  TORCH_CHECK(input.dim() >= 1, "fused::", op, ": expected input [..., H] to have at least one dim, but got a 0-d tensor");
+  TORCH_CHECK(weight.dim() == 2 && weight.sym_size(1) == input.sym_size(-1) && weight.sym_size(0) >= 1, "fused::", op,
+              ": expected weight [V, H] with V >= 1 and H = input.size(-1) = ", input.sym_size(-1), ", but got shape ",
+              weight.sym_sizes());
+  TORCH_CHECK(target.scalar_type() == at::kLong, "fused::", op, ": expected target to be int64 class indices, but got ",
+              target.scalar_type());
+  TORCH_CHECK(target.sym_sizes() == input.sym_sizes().slice(0, input.dim() - 1), "fused::", op,
+              ": expected target of input's leading shape ", input.sym_sizes().slice(0, input.dim() - 1),
+              ", but got ", target.sym_sizes());
+  if (bias.has_value() && bias->defined()) {
+    check_same_dtype(op, "bias", *bias, "input", input);
+    check_same_device(op, "bias", *bias, "input", input);
+    TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), "fused::", op,
+                ": expected bias to be 1-D of size V = weight.size(0) = ", weight.sym_size(0), ", but got shape ",
+                bias->sym_sizes());
+  }
+  TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "fused::", op,
+              ": expected label_smoothing in [0, 1], but got ", label_smoothing);
+  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), "fused::", op,
+              ": expected softcap >= 0 (0: no cap), but got ", softcap);
+  CrossEntropyOptions options;
+  options.ignore_index = ignore_index;
+  options.label_smoothing = label_smoothing;
+  options.softcap = softcap;
+  if (reduction == "mean") {
+    options.reduction = Reduction::Mean;
+  } else if (reduction == "sum") {
+    options.reduction = Reduction::Sum;
+  } else {
+    TORCH_CHECK(reduction == "none", "fused::", op, ": expected reduction to be 'mean', 'sum' or 'none', but got '",
+                std::string(reduction), "'");
+    options.reduction = Reduction::None;
+  }
+  return options;
+}
+
+void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at::Tensor& input,
+                                          const at::Tensor& target, const CrossEntropyOptions& options) {
+  const char* op = "linear_cross_entropy_backward";
+  check_floating(op, "grad_loss", grad_loss);
+  check_same_device(op, "grad_loss", grad_loss, "input", input);
+  const bool per_row = options.reduction == Reduction::None;
+  TORCH_CHECK(per_row ? grad_loss.sym_sizes() == target.sym_sizes() : grad_loss.dim() == 0, "fused::", op,
+              ": expected grad_loss of the loss's shape ", per_row ? target.sym_sizes() : c10::SymIntArrayRef(),
+              ", but got ", grad_loss.sym_sizes());
 }
 
 }  // namespace fused_ops

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "../ops/activations/math.h"
+#include "../ops/cross_entropy/linear_cross_entropy.h"
 
 namespace fused_ops {
 
@@ -50,5 +51,18 @@ void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const
 // [B or 1, S, R] or [S, R] with R even and at most D, of q's dtype or float32.
 void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos,
                             const at::Tensor& sin, int64_t unsqueeze_dim);
+
+// linear_cross_entropy and its two gradient ops: input [..., H] floating, weight [V, H] and bias [V] of
+// input's dtype, target int64 of input's leading shape, one device; reduction 'mean', 'sum' or 'none';
+// label_smoothing in [0, 1]; softcap >= 0. Returns the options parsed. Target values are checked by
+// the kernels (they read the targets).
+CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const at::Tensor& input,
+                                                         const at::Tensor& weight, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
+                                                         double label_smoothing, c10::string_view reduction,
+                                                         double softcap);
+// grad_loss: floating, on input's device, of the loss's shape ([] or, for 'none', target's).
+void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at::Tensor& input,
+                                          const at::Tensor& target, const CrossEntropyOptions& options);
 
 }  // namespace fused_ops

@@ -3,6 +3,7 @@
 #include "../ops/activations/bias_gelu.h"
 #include "../ops/activations/gelu_mul.h"
 #include "../ops/activations/silu_mul.h"
+#include "../ops/cross_entropy/linear_cross_entropy.h"
 #include "../ops/elementwise/relu_add.h"
 #include "../ops/norms/norm.h"
 #include "../ops/rotary/rotary.h"
@@ -29,4 +30,8 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_cpu>);
   m.impl("rotary_embedding", &rotary_embedding_entry<rotary_embedding_cpu>);
   m.impl("rotary_embedding_backward", &rotary_embedding_backward_entry<rotary_embedding_backward_cpu>);
+  using CrossEntropy = LinearCrossEntropyKernels<cross_entropy_cpu_backend>;
+  m.impl("linear_cross_entropy", &linear_cross_entropy_entry<CrossEntropy>);
+  m.impl("linear_cross_entropy_with_gradients", &linear_cross_entropy_with_gradients_entry<CrossEntropy>);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_entry<CrossEntropy>);
 }

@@ -128,4 +128,38 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_backward_entry(const at::Ten
   return kernel(grad_q, grad_k, cos, sin, unsqueeze_dim, interleaved);
 }
 
+// linear_cross_entropy's kernels take the options parsed: `Kernels` is LinearCrossEntropyKernels<backend>
+// (ops/cross_entropy/linear_cross_entropy.h) or the Meta kernels.
+template <typename Kernels>
+at::Tensor linear_cross_entropy_entry(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+                                      const std::optional<at::Tensor>& bias, int64_t ignore_index,
+                                      double label_smoothing, c10::string_view reduction, double softcap) {
+  const CrossEntropyOptions options = check_linear_cross_entropy_arguments(
+      "linear_cross_entropy", input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap);
+  return Kernels::forward(input, weight, target, bias, options);
+}
+
+template <typename Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_with_gradients_entry(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
+    int64_t ignore_index, double label_smoothing, c10::string_view reduction, double softcap,
+    std::array<bool, 3> output_mask) {
+  const CrossEntropyOptions options =
+      check_linear_cross_entropy_arguments("linear_cross_entropy_with_gradients", input, weight, target, bias,
+                                           ignore_index, label_smoothing, reduction, softcap);
+  return Kernels::with_gradients(input, weight, target, bias, options, output_mask);
+}
+
+template <typename Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_entry(
+    const at::Tensor& grad_loss, const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+    const std::optional<at::Tensor>& bias, int64_t ignore_index, double label_smoothing, c10::string_view reduction,
+    double softcap, std::array<bool, 3> output_mask) {
+  const CrossEntropyOptions options =
+      check_linear_cross_entropy_arguments("linear_cross_entropy_backward", input, weight, target, bias, ignore_index,
+                                           label_smoothing, reduction, softcap);
+  check_linear_cross_entropy_grad_loss(grad_loss, input, target, options);
+  return Kernels::backward(grad_loss, input, weight, target, bias, options, output_mask);
+}
+
 }  // namespace fused_ops

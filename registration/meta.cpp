@@ -65,6 +65,40 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_meta(const at::Tensor& q, co
   return {like_contiguous(q), like_contiguous(k)};
 }
 
+// linear_cross_entropy: the loss's shape and dtype, and each gradient asked for like its input (an
+// empty tensor otherwise), as ops/cross_entropy/chunked.cpp returns them.
+struct LinearCrossEntropyMeta {
+  static at::Tensor loss(const at::Tensor& input, const at::Tensor& target, const CrossEntropyOptions& options) {
+    const at::TensorOptions loss_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
+    if (options.reduction == Reduction::None) return at::empty_symint(target.sym_sizes(), loss_options);
+    return at::empty({}, loss_options);
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> gradients(const at::Tensor& input, const at::Tensor& weight,
+                                                                  const std::optional<at::Tensor>& bias,
+                                                                  std::array<bool, 3> mask) {
+    const bool bias_gradient = mask[2] && bias.has_value() && bias->defined();
+    return {mask[0] ? like_contiguous(input) : at::empty({0}, input.options()),
+            mask[1] ? like_contiguous(weight) : at::empty({0}, weight.options()),
+            bias_gradient ? like_contiguous(*bias) : at::empty({0}, input.options())};
+  }
+  static at::Tensor forward(const at::Tensor& input, const at::Tensor&, const at::Tensor& target,
+                            const std::optional<at::Tensor>&, const CrossEntropyOptions& options) {
+    return loss(input, target, options);
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> with_gradients(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
+      const std::optional<at::Tensor>& bias, const CrossEntropyOptions& options, std::array<bool, 3> mask) {
+    auto [grad_input, grad_weight, grad_bias] = gradients(input, weight, bias, mask);
+    return {loss(input, target, options), grad_input, grad_weight, grad_bias};
+  }
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor&, const at::Tensor& input,
+                                                                 const at::Tensor& weight, const at::Tensor&,
+                                                                 const std::optional<at::Tensor>& bias,
+                                                                 const CrossEntropyOptions&, std::array<bool, 3> mask) {
+    return gradients(input, weight, bias, mask);
+  }
+};
+
 }  // namespace
 }  // namespace fused_ops
 
@@ -89,4 +123,7 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("layer_norm_backward", &layer_norm_backward_entry<layer_norm_backward_meta>);
   m.impl("rotary_embedding", &rotary_embedding_entry<rotary_embedding_meta>);
   m.impl("rotary_embedding_backward", &rotary_embedding_backward_entry<rotary_embedding_meta>);
+  m.impl("linear_cross_entropy", &linear_cross_entropy_entry<LinearCrossEntropyMeta>);
+  m.impl("linear_cross_entropy_with_gradients", &linear_cross_entropy_with_gradients_entry<LinearCrossEntropyMeta>);
+  m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_entry<LinearCrossEntropyMeta>);
 }

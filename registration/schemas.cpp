@@ -57,4 +57,22 @@ TORCH_LIBRARY(fused, m) {
   m.def("rotary_embedding_backward(Tensor grad_q, Tensor grad_k, Tensor cos, Tensor sin, int unsqueeze_dim=1, "
         "bool interleaved=False) -> (Tensor grad_q, Tensor grad_k)",
         tags);
+  // F.cross_entropy(input @ weight.T + bias, target, ...) without the [N, V] logits in memory; input
+  // [..., H], weight [V, H], target int64 of input's leading shape; softcap > 0 caps the logits first
+  // (softcap * tanh(z / softcap)). A float32 loss (float64 for float64 input): [] or, for 'none',
+  // target's shape. 'mean' over no rows (all ignored) is 0.
+  m.def("linear_cross_entropy(Tensor input, Tensor weight, Tensor target, Tensor? bias=None, int ignore_index=-100, "
+        "float label_smoothing=0.0, str reduction=\"mean\", float softcap=0.0) -> Tensor",
+        tags);
+  // The loss and, where output_mask says (input, weight, bias), its gradients for grad_output = 1,
+  // computed in the same pass (what autograd calls for the mean and the sum); the others are empty.
+  m.def("linear_cross_entropy_with_gradients(Tensor input, Tensor weight, Tensor target, Tensor? bias, "
+        "int ignore_index, float label_smoothing, str reduction, float softcap, bool[3] output_mask) -> "
+        "(Tensor loss, Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        tags);
+  // The gradients for grad_loss (of the loss's shape), the logits recomputed chunk by chunk.
+  m.def("linear_cross_entropy_backward(Tensor grad_loss, Tensor input, Tensor weight, Tensor target, Tensor? bias, "
+        "int ignore_index, float label_smoothing, str reduction, float softcap, bool[3] output_mask) -> "
+        "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        tags);
 }

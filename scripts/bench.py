@@ -75,7 +75,15 @@ def median_time_us(run, device, numel, repeats):
     calls_per_replay = 5
     single = run
     run = lambda: [single() for _ in range(5)]  # noqa: E731
-    if numel <= GRAPH_MAX_ELEMENTS:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    single()
+    end.record()
+    end.synchronize()
+    if start.elapsed_time(end) > 5.0:  # milliseconds: one call already hides the launches; time fewer
+        calls_per_replay, run = 1, single
+        repeats = max(3, min(repeats, int(1000.0 / start.elapsed_time(end))))
+    elif numel <= GRAPH_MAX_ELEMENTS:
         run = single
         try:
             calls_per_replay = 20
@@ -112,16 +120,18 @@ def median_time_us(run, device, numel, repeats):
 
 
 def peak_memory_mb(step):
-    """MB the GPU allocator holds at the peak of one `step()` above what it held before: the call's
-    temporaries and outputs (and, forward + backward, what autograd saves and the gradients)."""
+    """MB the GPU allocator holds at the peak of one `step()` above what it held before (the inputs) and
+    what the step returns (outputs, or the gradients): temporaries and what autograd saves."""
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     result = step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated()
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                for t in as_outputs(result) if isinstance(t, torch.Tensor)}
     del result
-    return (peak - before) / 2**20
+    return (peak - before - sum(storages.values())) / 2**20
 
 
 def copy_bandwidth_gbs(device, numel=None, repeats=None):
@@ -219,6 +229,8 @@ def run(args):
                 if device == "cuda":
                     row[f"{variant}_peak_mb"] = peak_memory_mb(steps[variant])
             workload_rows.append(row)
+        if work.errors is not None and device == "cuda":
+            workload_rows[-1]["errors"] = work.errors(inputs)
         del inputs, grads
     overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
@@ -280,7 +292,9 @@ def print_table(result):
               f"{row['fused_us']:9.1f} {row.get('eager_us', nan):9.1f} {row.get('compile_us', nan):10.1f} "
               f"{row.get('liger_us', nan):9.1f} {row['fused_gbs']:10.0f} {100 * row['fused_gbs'] / result['copy_gbs']:6.1f} "
               f"{peaks:>27}" +
-              (f"  DISTURBED: copy {row['copy_gbs_near']:.0f} GB/s next to this row" if row.get("disturbed") else ""))
+              (f"  DISTURBED: copy {row['copy_gbs_near']:.0f} GB/s next to this row" if row.get("disturbed") else "") +
+              ("  errors vs float64: " + ", ".join(f"{k} {v:.1e}" for k, v in row["errors"].items())
+               if "errors" in row else ""))
     disturbed = sum(bool(row.get("disturbed")) for row in result["rows"])
     if disturbed:
         print(f"WARNING: {disturbed} rows were timed while the device copied below "

@@ -28,6 +28,8 @@ class Workload:
     training_elements: float  # forward + backward
     peers: dict = field(default_factory=dict)  # name -> the same call in a peer library (liger)
     differentiable: Optional[Sequence[int]] = None  # inputs that take gradients (default: all)
+    # inputs -> {name: error} of the fused op against float64, recorded with the row
+    errors: Optional[Callable[[list], dict]] = None
 
     def takes_grad(self, index):
         return self.differentiable is None or index in self.differentiable
@@ -55,7 +57,7 @@ def relu_add_fused(x, y):
 # Activation variants timed by default (the rest can be named with --ops).
 DEFAULT_ACTIVATIONS = ["bias_gelu_tanh", "bias_gelu_none", "silu_mul", "gelu_mul_tanh"]
 NORMS = ["rms_norm", "add_rms_norm", "add_layer_norm", "layer_norm"]
-DEFAULT_OPS = ["relu_add", *DEFAULT_ACTIVATIONS, *NORMS, "rotary_embedding"]
+DEFAULT_OPS = ["relu_add", *DEFAULT_ACTIVATIONS, *NORMS, "rotary_embedding", "linear_cross_entropy"]
 # (rows, H): decode, 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
 NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
 NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
@@ -122,6 +124,8 @@ def workloads(device, dtypes, sizes, ops, headline=False):
             yield Workload(op, dtype, (rows, hidden), numel, make, fused, composite, forward, forward + backward)
     if "rotary_embedding" in ops:
         yield from rotary_workloads(device, headline)
+    if "linear_cross_entropy" in ops:
+        yield from linear_cross_entropy_workloads(device)
 
 
 
@@ -174,3 +178,58 @@ def rotary_workloads(device, headline):
         yield Workload("rotary_embedding", dtype, (batch, q_heads, k_heads, sequence, head_dim, rotary_dim),
                        heads_elements, make, fused_ops.rotary_embedding, hugging_face_rotary, forward, 2 * forward,
                        peers, differentiable=(0, 1))
+
+
+# (N, H, V, dtype): a Llama-3 vocabulary, a Llama-2 one, Qwen's in float32.
+LINEAR_CROSS_ENTROPY_SHAPES = [(16384, 4096, 128256, torch.bfloat16), (8192, 2048, 32000, torch.bfloat16),
+                               (4096, 4096, 151936, torch.float32)]
+
+
+def liger_linear_cross_entropy():
+    try:
+        from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
+    except ImportError:
+        return None
+    return lambda x, weight, target: LigerFusedLinearCrossEntropyFunction.apply(x, weight, target)[0]
+
+
+def stock_linear_cross_entropy(x, weight, target):
+    """The LM head and loss as Hugging Face's causal-LM loss computes them: logits upcast to float32."""
+    return torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight).float(), target)
+
+
+def linear_cross_entropy_errors(inputs):
+    """The fused loss's and gradients' largest errors against float64 (relative to the largest value)."""
+    x, weight, target = inputs
+    leaves = [t.detach().requires_grad_(True) for t in (x, weight)]
+    loss = fused_ops.linear_cross_entropy(leaves[0], leaves[1], target)
+    grads = torch.autograd.grad(loss, leaves)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in (x, weight)]
+    want = torch.nn.functional.cross_entropy(torch.nn.functional.linear(*leaves64), target)
+    want_grads = torch.autograd.grad(want, leaves64)
+    errors = {"loss_abs": abs(loss.item() - want.item())}
+    for name, grad, expected in zip(("grad_input", "grad_weight"), grads, want_grads):
+        errors[f"{name}_rel"] = ((grad.double() - expected).abs().max() / expected.abs().max()).item()
+    del want_grads, leaves64
+    torch.cuda.empty_cache()
+    return errors
+
+
+def linear_cross_entropy_workloads(device):
+    if device != "cuda":
+        return
+    liger = liger_linear_cross_entropy()
+    for rows, hidden, classes, dtype in LINEAR_CROSS_ENTROPY_SHAPES:
+        def make(rows=rows, hidden=hidden, classes=classes, dtype=dtype):
+            x = torch.randn(rows, hidden, device=device, dtype=dtype)
+            weight = (torch.randn(classes, hidden, device=device) / hidden ** 0.5).to(dtype)
+            target = torch.randint(0, classes, (rows,), device=device)
+            target[::16] = -100
+            return [x, weight, target]
+        # Elements a fused pass must move: input and weight read, the loss written (forward); again,
+        # and both gradients written (backward). The products' time, not these bytes, bounds it.
+        forward = rows * hidden + classes * hidden
+        yield Workload("linear_cross_entropy", dtype, (rows, hidden, classes), rows * classes, make,
+                       fused_ops.linear_cross_entropy, stock_linear_cross_entropy, forward, 2 * forward,
+                       {"liger": liger} if liger is not None else {}, differentiable=(0, 1),
+                       errors=linear_cross_entropy_errors)

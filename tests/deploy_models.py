@@ -81,5 +81,25 @@ class MatmulRotary(torch.nn.Module):
         return q.reshape(8, 16) * y, k.reshape(8, 8)
 
 
+class MatmulLinearCrossEntropy(torch.nn.Module):
+    """A projection, then an LM head of 11 classes and its mean loss (one target ignored), and the
+    per-row losses of the same head."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(6)
+        self.weight = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.head = torch.nn.Parameter(torch.randn(11, 16, generator=generator) / 4)
+        self.head_bias = torch.nn.Parameter(torch.randn(11, generator=generator))
+        self.register_buffer("target", torch.tensor([3, 0, 10, -100, 7, 7, 1, 5]))
+        self.loss = fused_ops.nn.LinearCrossEntropy(label_smoothing=0.1)
+        self.row_losses = fused_ops.nn.LinearCrossEntropy(reduction="none", softcap=3.0)
+
+    def forward(self, x, y):
+        hidden = (x @ self.weight) * y
+        return (self.loss(hidden, self.head, self.target, self.head_bias),
+                self.row_losses(hidden, self.head, self.target, self.head_bias))
+
+
 MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms,
-          "rotary": MatmulRotary}
+          "rotary": MatmulRotary, "cross_entropy": MatmulLinearCrossEntropy}

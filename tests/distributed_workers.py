@@ -150,6 +150,43 @@ def rotary_on_dtensors(device):
             torch.testing.assert_close(grad.full_tensor(), want, rtol=1e-12, atol=1e-12)
 
 
+def linear_cross_entropy_on_dtensors(device):
+    """linear_cross_entropy on rows sharded on each leading dim with the head replicated: 'sum' gives a
+    Partial loss and 'none' a sharded one, with no communication; 'mean' is redistributed. Values and
+    the gradients of input, weight and bias against the full tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2 * ranks, 3 * ranks, 8, generator=generator, dtype=torch.float64).to(device)
+    weight = torch.randn(11, 8, generator=generator, dtype=torch.float64).to(device)
+    bias = torch.randn(11, generator=generator, dtype=torch.float64).to(device)
+    target = torch.randint(0, 11, (2 * ranks, 3 * ranks), generator=generator)
+    target[0, 1] = -100
+    target = target.to(device)
+    for reduction in ("sum", "none", "mean"):
+        leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+        expected = fused_ops.linear_cross_entropy(leaves[0], leaves[1], target, leaves[2], reduction=reduction)
+        grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
+        expected_grads = torch.autograd.grad(expected, leaves, grad)
+        for dim in (0, 1):
+            inputs = [distribute_tensor(x, mesh, [Shard(dim)]).requires_grad_(True),
+                      distribute_tensor(weight, mesh, [Replicate()]).requires_grad_(True),
+                      distribute_tensor(bias, mesh, [Replicate()]).requires_grad_(True)]
+            loss = fused_ops.linear_cross_entropy(inputs[0], inputs[1], distribute_tensor(target, mesh, [Shard(dim)]),
+                                                  inputs[2], reduction=reduction)
+            if reduction != "mean":
+                assert list(loss.placements) == [Shard(dim) if reduction == "none" else Partial()], loss.placements
+            torch.testing.assert_close(loss.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+            got = torch.autograd.grad(loss, inputs, distribute_tensor(grad, mesh, loss.placements)
+                                      if reduction == "none" else distribute_tensor(grad, mesh, [Replicate()]))
+            for value, want in zip(got, expected_grads):
+                torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def runs_locally(spec, dim, ndim):
     """Whether the op's rule runs x sharded on `dim` with no communication: every dim for the
     elementwise ops and bias_gelu, every dim but the last for the gated ops and the norms."""

@@ -35,9 +35,18 @@ class OpSpec:
     composite: Optional[Callable] = None
     # the inputs that take gradients (default: all); the others must not require grad
     differentiable: Optional[Sequence[int]] = None
+    # (index, input shapes, dtype, device, generator) -> that input, or None for a random float one
+    make_input: Optional[Callable] = None
+    # float64 inputs and options -> how much looser than the dtype's tolerance the outputs may be
+    value_scale: Callable = lambda inputs, **options: 1.0
+    # the outputs' dtype for inputs of `dtype` (a loss is float32 for 16-bit inputs)
+    output_dtype: Callable = lambda dtype: dtype
 
     def takes_grad(self, index):
         return self.differentiable is None or index in self.differentiable
+
+    def special_input(self, index, shapes, dtype, device, generator=None):
+        return None if self.make_input is None else self.make_input(index, shapes, dtype, device, generator)
 
     def call(self, inputs, **options):
         return self.fused(*inputs, **options)
@@ -116,6 +125,48 @@ def rotary_reference(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
     return rope(q), rope(k)
 
 
+def linear_cross_entropy_shapes(shape):
+    """input [..., H], weight [V, H], target [...] and bias [V] for a drawn shape [..., W]: V = W (at
+    least 1), H = 1 + W % 48."""
+    width = shape[-1] if shape else 1
+    classes, hidden = max(1, width), 1 + width % 48
+    leading = list(shape[:-1])
+    return [leading + [hidden], [classes, hidden], leading, [classes]]
+
+
+def class_targets(index, shapes, dtype, device, generator=None):
+    """linear_cross_entropy's target (input 2): classes of weight's V, about one row in eight ignored."""
+    if index != 2:
+        return None
+    classes = shapes[1][0]
+    target = torch.randint(0, classes, shapes[2], generator=generator)
+    ignored = torch.rand(shapes[2], generator=generator) < 0.125
+    return target.masked_fill(ignored, -100).to(device)
+
+
+def linear_cross_entropy_reference(x, w, t, b=None, label_smoothing=0.0, reduction="mean", softcap=0.0,
+                                   ignore_index=-100):
+    """F.linear then F.cross_entropy; 'mean' over no rows is 0 (torch gives NaN)."""
+    z = F.linear(x, w, b)
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    losses = F.cross_entropy(z.reshape(-1, z.shape[-1]), t.reshape(-1), ignore_index=ignore_index,
+                             label_smoothing=label_smoothing, reduction="none").reshape(t.shape)
+    if reduction == "none":
+        return losses
+    if reduction == "sum":
+        return losses.sum()
+    return losses.sum() / (t != ignore_index).sum().clamp_min(1)
+
+
+def largest_logit(inputs, **options):
+    """The largest |z|: 16-bit logits round by a few ulp of it, and the loss and gradients with them."""
+    x, w, _, b = inputs
+    if x.numel() == 0:
+        return 1.0
+    return max(1.0, F.linear(x.detach(), w.detach(), b.detach()).abs().max().item())
+
+
 def rms_norm_reference(h, weight, eps=1e-6):
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -168,6 +219,14 @@ OPS = [
            lambda q, k, cos, sin, interleaved=False: torch.ops.fused.rotary_embedding(q, k, cos, sin, 1, interleaved),
            lambda q, k, cos, sin, interleaved=False: rotary_reference(q, k, cos, sin, 1, interleaved), rotary_shapes,
            {"interleaved": [False, True]}, family="rotary", differentiable=(0, 1)),
+    OpSpec("linear_cross_entropy",
+           lambda x, w, t, b, label_smoothing=0.0, reduction="mean", softcap=0.0: torch.ops.fused.linear_cross_entropy(
+               x, w, t, b, -100, label_smoothing, reduction, softcap),
+           linear_cross_entropy_reference, linear_cross_entropy_shapes,
+           {"label_smoothing": (0.0, 0.5), "reduction": ["mean", "sum", "none"], "softcap": [0.0, 5.0]},
+           min_dims=1, family="cross_entropy", differentiable=(0, 1, 3), make_input=class_targets,
+           value_scale=largest_logit, gradient_scale=largest_logit,
+           output_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32),
 ]
 OPS_BY_NAME = {spec.name: spec for spec in OPS}
 

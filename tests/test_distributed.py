@@ -32,8 +32,9 @@ def devices(world):
     return ["cpu"] + (["cuda"] if has_gpus else [])
 
 
-# Ops on rows of one width; rotary_embedding (q, k and the tables shard differently) has its own test.
-ROW_OPS = [spec.name for spec in OPS if spec.family != "rotary"]
+# Ops on rows of one width; rotary_embedding (q, k and the tables shard differently) and
+# linear_cross_entropy (a loss over the rows) have their own tests.
+ROW_OPS = [spec.name for spec in OPS if spec.family not in ("rotary", "cross_entropy")]
 
 
 @pytest.mark.parametrize("device", devices(2))
@@ -66,6 +67,11 @@ def test_tensor_sequence_and_fsdp2_step_of_four_processes(device, compile_backen
 @pytest.mark.parametrize("device", devices(2))
 def test_rotary_embedding_on_dtensors(device):
     spawn(2, device, "rotary_on_dtensors")
+
+
+@pytest.mark.parametrize("device", devices(2))
+def test_linear_cross_entropy_on_dtensors(device):
+    spawn(2, device, "linear_cross_entropy_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))

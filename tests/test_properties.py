@@ -49,17 +49,21 @@ def cases(draw, spec):
 def check_case(spec, device, case):
     dtype = case["dtype"]
     generator = torch.Generator().manual_seed(case["seed"])
-    inputs = [strided(shape, dtype, device, layout, generator).requires_grad_(spec.takes_grad(index))
-              for index, (shape, layout) in enumerate(zip(case["shapes"], case["layouts"]))]
+    inputs = []
+    for index, (shape, layout) in enumerate(zip(case["shapes"], case["layouts"])):
+        tensor = spec.special_input(index, case["shapes"], dtype, device, generator)
+        tensor = strided(shape, dtype, device, layout, generator) if tensor is None else tensor
+        inputs.append(tensor.requires_grad_(spec.takes_grad(index)))
     outs = as_outputs(spec.call(inputs, **case["options"]))
-    inputs64 = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
+    inputs64 = [t.detach().double().requires_grad_(t.requires_grad) if t.is_floating_point() else t for t in inputs]
     expected = as_outputs(spec.reference(*inputs64, **case["options"]))
     tolerance = TOLERANCE[dtype] * 4
+    value_tolerance = tolerance * spec.value_scale(inputs64, **case["options"])
     for out, want in zip(outs, expected, strict=True):
-        assert out.shape == want.shape and out.dtype == dtype
-        torch.testing.assert_close(out.double(), want, rtol=tolerance, atol=tolerance, equal_nan=True)
+        assert out.shape == want.shape and out.dtype == spec.output_dtype(dtype)
+        torch.testing.assert_close(out.double(), want, rtol=tolerance, atol=value_tolerance, equal_nan=True)
 
-    grad_outs = [torch.randn(out.shape, generator=generator).to(dtype=dtype, device=device) for out in outs]
+    grad_outs = [torch.randn(out.shape, generator=generator).to(dtype=out.dtype, device=device) for out in outs]
     leaves = [t for t in inputs if t.requires_grad]
     leaves64 = [t for t in inputs64 if t.requires_grad]
     grads = torch.autograd.grad(outs, leaves, grad_outs, allow_unused=True)
@@ -68,7 +72,7 @@ def check_case(spec, device, case):
     for grad, want, tensor in zip(grads, expected_grads, leaves):
         if want is None:
             continue
-        assert grad is not None and grad.shape == tensor.shape and grad.dtype == dtype
+        assert grad is not None and grad.shape == tensor.shape and grad.dtype == tensor.dtype
         # Gradients of broadcast inputs are sums; rounding grows with the number of terms.
         terms = max(1, outs[0].numel() // max(1, tensor.numel()))
         scale = tolerance * math.sqrt(terms)

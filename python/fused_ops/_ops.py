@@ -14,6 +14,7 @@ _add_rms_norm = torch.ops.fused.add_rms_norm.default
 _layer_norm = torch.ops.fused.layer_norm.default
 _add_layer_norm = torch.ops.fused.add_layer_norm.default
 _rotary_embedding = torch.ops.fused.rotary_embedding.default
+_linear_cross_entropy = torch.ops.fused.linear_cross_entropy.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -84,3 +85,20 @@ def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_d
     attention layer: `q, k = fused_ops.rotary_embedding(q, k, *position_embeddings)`.
     """
     return _rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved)
+
+
+def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None,
+                         ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                         softcap: float = 0.0) -> Tensor:
+    """`F.cross_entropy(F.linear(input, weight, bias), target, ignore_index=..., label_smoothing=...,
+    reduction=...)` without the [N, V] logits in memory: the LM head and its loss in one call.
+
+    input [..., H] (rows), weight [V, H] as nn.Linear stores it, bias [V] or None, all of one dtype
+    (float32, float16, bfloat16 or float64); target int64 of input's leading shape with values in
+    [0, V) or `ignore_index`. `softcap > 0` caps the logits first: `softcap * tanh(z / softcap)` (Gemma 2).
+    The loss is float32 (float64 for float64 input): a scalar for "mean" and "sum", target's shape for
+    "none". "mean" averages over the rows not ignored and is 0 when all are ignored (torch gives NaN).
+    Differentiable in input, weight and bias, for every reduction (no double backward). With "mean" and
+    "sum" the gradients are computed in the forward, so one backward per forward.
+    """
+    return _linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap)

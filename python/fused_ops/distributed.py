@@ -12,6 +12,11 @@ halves, is gathered on that dim first).
   each rank holds).
 - `rotary_embedding` runs on q and k sharded alike on the batch, the heads or the sequence (cos and sin
   then sharded on their batch, replicated, or sharded on their sequence dim), never on the head dim.
+- `linear_cross_entropy` runs on input rows (and target) sharded on any leading dim with the weight and
+  bias replicated when the reduction is 'sum' (the loss comes out `Partial`) or 'none' (sharded like
+  the target); the mean divides by the count of rows not ignored over all ranks, so it runs
+  replicated. Its gradient ops give the input's gradient sharded like the input and the weight's and
+  bias's `Partial`.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -151,6 +156,31 @@ def _rotary_rules(q, k, cos, sin, unsqueeze_dim=1, interleaved=False):
     return rules
 
 
+def _linear_cross_entropy_rules(input, bias, reduction, output_mask=None, grad_loss=None):
+    """linear_cross_entropy (output_mask None: the loss alone), its with_gradients op (the loss and three
+    gradients) or its backward (grad_loss given: three gradients). Rows shard on a leading dim for
+    'sum' and 'none' (the mean's count spans every rank); gradients not asked for are empty, replicated."""
+    Partial, Replicate, Shard = _placements()
+    gradients = output_mask is not None
+
+    def rule(row, loss, grad_input, parameter_gradient):
+        wanted = list(output_mask) if gradients else []
+        outputs = [] if grad_loss is not None else [loss]
+        outputs += [placement if asked else Replicate()
+                    for placement, asked in zip((grad_input, parameter_gradient, parameter_gradient), wanted)]
+        arguments = [row, Replicate(), row, Replicate() if bias is not None else None, None, None, None, None]
+        if gradients:
+            arguments.append(None)
+        if grad_loss is not None:
+            arguments.insert(0, row if reduction == "none" else Replicate())
+        return outputs, arguments
+    rules = [rule(Replicate(), Replicate(), Replicate(), Replicate())]
+    if reduction in ("sum", "none"):
+        for d in range(input.ndim - 1):
+            rules.append(rule(Shard(d), Shard(d) if reduction == "none" else Partial(), Shard(d), Partial()))
+    return rules
+
+
 def _tensor(spec):
     return spec, False
 
@@ -201,4 +231,13 @@ def _register_once():
         grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=2))
     rule(ops.rotary_embedding)(_rotary_rules)
     rule(ops.rotary_embedding_backward)(_rotary_rules)
+    rule(ops.linear_cross_entropy)(
+        lambda input, weight, target, bias=None, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+        softcap=0.0: _linear_cross_entropy_rules(input, bias, reduction))
+    rule(ops.linear_cross_entropy_with_gradients)(
+        lambda input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, output_mask:
+        _linear_cross_entropy_rules(input, bias, reduction, output_mask))
+    rule(ops.linear_cross_entropy_backward)(
+        lambda grad_loss, input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, output_mask:
+        _linear_cross_entropy_rules(input, bias, reduction, output_mask, grad_loss))
     return True

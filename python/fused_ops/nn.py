@@ -149,3 +149,32 @@ class AddLayerNorm(LayerNorm):
 
     def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
         return torch.ops.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+
+
+class LinearCrossEntropy(torch.nn.Module):
+    """The LM head's loss without its logits: `forward(input, weight, target, bias=None)` is
+    `F.cross_entropy(F.linear(input, weight, bias), target, ...)` with the options given here
+    (fused_ops.linear_cross_entropy). Holds no parameters: pass the head's `weight` (and `bias`)."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0, reduction: str = "mean",
+                 softcap: float = 0.0) -> None:
+        super().__init__()
+        if reduction not in ("mean", "sum", "none"):
+            raise ValueError(f"LinearCrossEntropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ValueError(f"LinearCrossEntropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+        if softcap < 0.0:
+            raise ValueError(f"LinearCrossEntropy: softcap must be >= 0 (0: no cap), got {softcap}")
+        self.ignore_index = int(ignore_index)
+        self.label_smoothing = float(label_smoothing)
+        self.reduction = reduction
+        self.softcap = float(softcap)
+
+    def forward(self, input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        return torch.ops.fused.linear_cross_entropy(input, weight, target, bias, self.ignore_index,
+                                                    self.label_smoothing, self.reduction, self.softcap)
+
+    def extra_repr(self) -> str:
+        return (f"ignore_index={self.ignore_index}, label_smoothing={self.label_smoothing}, "
+                f"reduction={self.reduction!r}, softcap={self.softcap}")
+

@@ -1,0 +1,168 @@
+// CUDA kernel of the cross-entropy rows: one block per row of logits. A first pass keeps each thread's
+// running maximum and sum of exponentials (online softmax) and the sum of z, merged across the block;
+// a second pass writes the gradient over the logits. 16-byte vectors where the chunk buffer's rows
+// allow them (launch_plan.h pads the rows so they always do), element by element for the rest.
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cmath>
+#include <limits>
+
+#include "../common/cuda_launch.cuh"
+#include "../common/vector.cuh"
+#include "linear_cross_entropy.h"
+
+namespace fused_ops {
+namespace cuda {
+namespace {
+
+constexpr int kRowThreads = 512;
+
+// A running (maximum, sum of exp(z - maximum), sum of z).
+template <typename opmath_t>
+struct SoftmaxState {
+  opmath_t max = -std::numeric_limits<opmath_t>::infinity();
+  opmath_t sum_exp = 0;
+  opmath_t sum_z = 0;
+
+  __device__ __forceinline__ void add(opmath_t z) {
+    if (z > max) {
+      sum_exp = sum_exp * exp(max - z) + opmath_t(1);
+      max = z;
+    } else {
+      sum_exp += exp(z - max);
+    }
+    sum_z += z;
+  }
+
+  __device__ __forceinline__ void merge(const SoftmaxState& other) {
+    sum_z += other.sum_z;
+    if (other.max == -std::numeric_limits<opmath_t>::infinity()) return;
+    if (max == -std::numeric_limits<opmath_t>::infinity()) {
+      max = other.max;
+      sum_exp = other.sum_exp;
+      return;
+    }
+    const opmath_t merged = max > other.max ? max : other.max;
+    sum_exp = sum_exp * exp(max - merged) + other.sum_exp * exp(other.max - merged);
+    max = merged;
+  }
+};
+
+template <typename opmath_t>
+__device__ __forceinline__ SoftmaxState<opmath_t> shuffle_state(const SoftmaxState<opmath_t>& state, int offset) {
+  SoftmaxState<opmath_t> other;
+  other.max = __shfl_xor_sync(0xffffffffu, state.max, offset);
+  other.sum_exp = __shfl_xor_sync(0xffffffffu, state.sum_exp, offset);
+  other.sum_z = __shfl_xor_sync(0xffffffffu, state.sum_z, offset);
+  return other;
+}
+
+// The whole block's state, in every thread.
+template <typename opmath_t>
+__device__ SoftmaxState<opmath_t> block_softmax_state(SoftmaxState<opmath_t> state) {
+  __shared__ SoftmaxState<opmath_t> warps[kRowThreads / 32];
+  for (int offset = 16; offset > 0; offset /= 2) state.merge(shuffle_state(state, offset));
+  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = state;
+  __syncthreads();
+  state = threadIdx.x < kRowThreads / 32 ? warps[threadIdx.x] : SoftmaxState<opmath_t>{};
+  if (threadIdx.x < 32) {
+    for (int offset = 16; offset > 0; offset /= 2) state.merge(shuffle_state(state, offset));
+    if (threadIdx.x == 0) warps[0] = state;
+  }
+  __syncthreads();
+  return warps[0];
+}
+
+template <typename scalar_t, bool kVectorized>
+__global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEntropyRows p) {
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  constexpr int kWidth = kVectorized ? 16 / int(sizeof(scalar_t)) : 1;
+  constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  const int64_t row = blockIdx.x;
+  scalar_t* z = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
+  const int64_t target = p.target[row];
+  const opmath_t* grad_scale = static_cast<const opmath_t*>(p.grad_scale);
+  const opmath_t softcap = static_cast<opmath_t>(p.softcap);
+  const int64_t vectors = kVectorized ? p.classes / kWidth : 0;
+  const int64_t tail_start = vectors * kWidth;
+
+  if (target == p.ignore_index || target < 0 || target >= p.classes) {
+    // Ignored: loss and gradient 0. Out of range: NaN (the host reports it; a kernel never reads there).
+    const opmath_t value = target == p.ignore_index ? opmath_t(0) : std::numeric_limits<opmath_t>::quiet_NaN();
+    if (threadIdx.x == 0) static_cast<opmath_t*>(p.loss)[row] = value;
+    if (grad_scale == nullptr) return;
+    for (int64_t j = threadIdx.x; j < p.classes; j += kRowThreads) z[j] = static_cast<scalar_t>(value);
+    return;
+  }
+
+  SoftmaxState<opmath_t> state;
+  for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
+    opmath_t values[kWidth];
+    unpack_vec(load_vec<kBytes>(z, v), values);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) state.add(soft_capped(values[i], softcap));
+  }
+  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
+    state.add(soft_capped(static_cast<opmath_t>(z[j]), softcap));
+  }
+  state = block_softmax_state(state);
+  const opmath_t log_sum_exp = state.max + log(state.sum_exp);
+  const opmath_t smoothing = static_cast<opmath_t>(p.label_smoothing);
+  const opmath_t classes = static_cast<opmath_t>(p.classes);
+  const opmath_t z_target = soft_capped(static_cast<opmath_t>(z[target]), softcap);
+  if (threadIdx.x == 0) {
+    static_cast<opmath_t*>(p.loss)[row] = log_sum_exp - (1 - smoothing) * z_target - smoothing * state.sum_z / classes;
+  }
+  if (grad_scale == nullptr) return;
+  // Every thread has read z[target] before any writes it.
+  __syncthreads();
+  const opmath_t scale = grad_scale[row * p.grad_scale_stride];
+  const opmath_t uniform = smoothing / classes;
+  auto gradient = [&](opmath_t raw, int64_t j) {
+    const opmath_t capped = soft_capped(raw, softcap);
+    const opmath_t g = exp(capped - log_sum_exp) - uniform - (j == target ? 1 - smoothing : opmath_t(0));
+    return g * soft_cap_slope(capped, softcap) * scale;
+  };
+  for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
+    opmath_t values[kWidth];
+    unpack_vec(load_vec<kBytes>(z, v), values);
+#pragma unroll
+    for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], v * kWidth + i);
+    store_vec<kBytes>(z, v, pack_vec<scalar_t, kBytes>(values));
+  }
+  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
+    z[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(z[j]), j));
+  }
+}
+
+void cross_entropy_rows_cuda(const CrossEntropyRows& p, at::ScalarType dtype) {
+  if (p.rows == 0) return;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_cross_entropy_cuda", [&] {
+    const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
+    auto kernel = vectorized ? cross_entropy_rows_kernel<scalar_t, true> : cross_entropy_rows_kernel<scalar_t, false>;
+    // Chunks hold far fewer than 2^31 rows (launch_plan.h), one block each.
+    launch_kernel(kernel, static_cast<unsigned int>(p.rows), kRowThreads, 0, stream, p);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+}  // namespace
+}  // namespace cuda
+
+CrossEntropyBackend cross_entropy_cuda_backend() {
+  size_t free_bytes = 0, total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  // Memory the caching allocator holds but does not use counts as available too.
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
+  const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+  const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+  return {cuda::cross_entropy_rows_cuda, static_cast<int64_t>(free_bytes) + cached, !capturing};
+}
+
+}  // namespace fused_ops

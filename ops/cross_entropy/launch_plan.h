@@ -1,0 +1,31 @@
+#pragma once
+// The cross-entropy family's one tuned choice: how many rows of logits a chunk holds. Larger chunks
+// keep the products efficient and add the weight gradient's read-modify-write (V x H per chunk) fewer
+// times; smaller ones hold less memory. docs/design.md gives the figures.
+#include <algorithm>
+#include <cstdint>
+
+namespace fused_ops {
+
+constexpr int64_t kMegabyte = int64_t(1) << 20;
+
+// Row stride of the chunk buffer in elements: whole 16-byte vectors, so every row starts aligned.
+inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
+  const int64_t per_vector = std::max<int64_t>(1, 16 / element_size);
+  return (classes + per_vector - 1) / per_vector * per_vector;
+}
+
+// An eighth of the whole logits, held between 64 MB and 512 MB, and at most an eighth of the memory
+// available; whole multiples of 64 rows once a chunk is that large.
+inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
+                                             int64_t available_bytes) {
+  const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
+  const int64_t whole = rows * row_bytes;
+  int64_t budget = std::clamp<int64_t>(whole / 8, 64 * kMegabyte, 512 * kMegabyte);
+  budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
+  int64_t chunk = std::max<int64_t>(1, budget / row_bytes);
+  if (chunk > 64) chunk = chunk / 64 * 64;
+  return std::max<int64_t>(1, std::min(chunk, rows));
+}
+
+}  // namespace fused_ops

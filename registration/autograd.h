@@ -1,0 +1,83 @@
+#pragma once
+// What every op's autograd registration uses: a typed handle to a registered op, the test for whether
+// a call records a graph node, and the Autograd kernel built from a torch::autograd::Function.
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <type_traits>
+
+namespace fused_ops {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// A registered op of the `fused` namespace, called through the dispatcher. Its handle is looked up on
+// the first call: the schemas register when the library loads, after these objects are built.
+template <typename Signature>
+class FusedOp;
+
+template <typename Return, typename... Args>
+class FusedOp<Return(Args...)> {
+ public:
+  using Signature = Return(Args...);
+
+  explicit FusedOp(const char* name) : name_(name) {}
+
+  Return operator()(Args... args) const {
+    std::call_once(found_, [this] {
+      handle_ = c10::Dispatcher::singleton().findSchemaOrThrow(name_, "").template typed<Signature>();
+    });
+    return handle_->call(args...);
+  }
+
+  // The backend's kernel, with no graph recorded.
+  Return below_autograd(Args... args) const {
+    at::AutoDispatchBelowADInplaceOrView below;
+    return (*this)(args...);
+  }
+
+ private:
+  const char* name_;
+  mutable std::once_flag found_;
+  mutable std::optional<c10::TypedOperatorHandle<Signature>> handle_;
+};
+
+inline bool requires_grad(const at::Tensor& tensor) { return tensor.requires_grad(); }
+inline bool requires_grad(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && tensor->defined() && tensor->requires_grad();
+}
+template <typename Option>
+bool requires_grad(const Option&) {
+  return false;
+}
+
+// Whether a call must record a graph node; otherwise the op runs without one (the eager inference
+// path stays as short as the op itself).
+template <typename... Arguments>
+bool records_gradient(const Arguments&... arguments) {
+  return at::GradMode::is_enabled() && (requires_grad(arguments) || ...);
+}
+
+// The Autograd kernel of an op whose graph node is `Function`: the op below autograd when no input
+// needs a gradient (the eager inference path stays as short as the op itself), else Function::apply.
+template <typename Function, const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
+struct AutogradKernel;
+
+template <typename Function, const auto& kOp, typename Return, typename... Args>
+struct AutogradKernel<Function, kOp, Return(Args...)> {
+  static Return call(Args... args) {
+    if (!records_gradient(args...)) return kOp.below_autograd(args...);
+    if constexpr (std::is_same_v<Return, at::Tensor>) {
+      return Function::apply(args...);
+    } else {  // a Function of several outputs returns them as a list
+      const variable_list outputs = Function::apply(args...);
+      return {outputs[0], outputs[1]};
+    }
+  }
+};
+
+}  // namespace fused_ops

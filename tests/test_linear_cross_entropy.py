@@ -1,0 +1,238 @@
+"""linear_cross_entropy on every dtype and device: the loss and the gradients of input, weight and bias
+against F.linear + F.cross_entropy in float64 for every reduction, label smoothing, soft cap, ignored
+rows, odd sizes, several chunks, modes and bad input."""
+import pytest
+import torch
+from torch.library import opcheck
+
+import fused_ops
+from conftest import TOLERANCE, assert_bad_input_rejected
+from op_specs import largest_logit, linear_cross_entropy_reference as reference
+
+REDUCTIONS = ["mean", "sum", "none"]
+
+
+def make_inputs(leading, hidden, classes, dtype, device, bias=True, ignored=0.125, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*leading, hidden, generator=generator).to(dtype=dtype, device=device)
+    weight = (torch.randn(classes, hidden, generator=generator) / hidden ** 0.5 * 2).to(dtype=dtype, device=device)
+    target = torch.randint(0, classes, leading, generator=generator)
+    target = target.masked_fill(torch.rand(leading, generator=generator) < ignored, -100).to(device)
+    b = torch.randn(classes, generator=generator).to(dtype=dtype, device=device) if bias else None
+    return x, weight, target, b
+
+
+def check(x, weight, target, bias, dtype, reduction="mean", label_smoothing=0.0, softcap=0.0, seed=1):
+    """Loss and every gradient against float64, for a random grad_output."""
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias) if t is not None]
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias, -100, label_smoothing, reduction, softcap)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    x64, weight64 = leaves64[:2]
+    bias64 = leaves64[2] if bias is not None else None
+    want = reference(x64, weight64, target, bias64, label_smoothing, reduction, softcap)
+    assert loss.shape == want.shape and loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    scale = largest_logit((x64, weight64, target, bias64 if bias64 is not None else torch.zeros(weight.shape[0],
+                                                                                                dtype=torch.float64)))
+    tolerance = TOLERANCE[dtype] * 4
+    torch.testing.assert_close(loss.double().cpu(), want.detach().cpu(), rtol=tolerance, atol=tolerance * scale)
+    grad_output = torch.randn(loss.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    grads = torch.autograd.grad(loss, leaves, grad_output.to(loss.dtype).to(loss.device))
+    want_grads = torch.autograd.grad(want, leaves64, grad_output.to(want.device))
+    for grad, expected, leaf in zip(grads, want_grads, leaves):
+        assert grad.shape == leaf.shape and grad.dtype == leaf.dtype
+        torch.testing.assert_close(grad.double().cpu(), expected.cpu(), rtol=tolerance, atol=tolerance * scale)
+
+
+# (leading dims, H, V): one row, V of 1 and 3, GPT-2's odd vocabulary, 3-D input, a 1-D input (one row).
+SHAPES = [((1,), 8, 1), ((5,), 16, 3), ((9,), 24, 50257), ((2, 3), 16, 40), ((), 8, 7), ((0,), 8, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{'x'.join(map(str, s[0])) or 'row'}-{s[1]}-{s[2]}")
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_values_and_gradients(device, dtype, shape, reduction):
+    leading, hidden, classes = shape
+    x, weight, target, bias = make_inputs(leading, hidden, classes, dtype, device)
+    check(x, weight, target, bias, dtype, reduction)
+
+
+@pytest.mark.parametrize("label_smoothing, softcap", [(0.1, 0.0), (0.0, 5.0), (0.3, 2.0), (1.0, 0.0)])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_label_smoothing_softcap_and_no_bias(device, dtype, label_smoothing, softcap, reduction, bias):
+    x, weight, target, b = make_inputs((13,), 16, 29, dtype, device, bias=bias)
+    check(x, weight, target, b, dtype, reduction, label_smoothing, softcap)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_every_row_ignored(device, reduction):
+    """'mean' over no rows is 0, not torch's NaN; every gradient is 0."""
+    x, weight, target, bias = make_inputs((6,), 8, 5, torch.float32, device, ignored=1.0)
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    assert torch.count_nonzero(loss) == 0 and not loss.isnan().any()
+    for grad in torch.autograd.grad(loss.sum(), leaves):
+        assert torch.count_nonzero(grad) == 0
+
+
+def test_ignore_index_other_than_the_default(device):
+    x, weight, target, bias = make_inputs((10,), 8, 6, torch.float64, device, ignored=0.0)
+    target[::3] = 4
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias, ignore_index=4)
+    want = torch.nn.functional.cross_entropy(torch.nn.functional.linear(x, weight, bias), target, ignore_index=4)
+    torch.testing.assert_close(loss, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_several_chunks(device, dtype):
+    """2048 rows of 50257 classes take several chunks (ops/cross_entropy/launch_plan.h): the weight
+    gradient adds up across them and each chunk's rows land in their own place."""
+    x, weight, target, bias = make_inputs((2048,), 8, 50257, dtype, device)
+    check(x, weight, target, bias, dtype, "mean", 0.1)
+
+
+@pytest.mark.parametrize("wanted", ["input", "weight", "bias"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_only_some_inputs_need_gradients(device, wanted, reduction):
+    """A frozen head (gradient of the input only), a frozen body (weight only), a bias alone."""
+    x, weight, target, bias = make_inputs((7,), 8, 11, torch.float64, device)
+    tensors = {"input": x, "weight": weight, "bias": bias}
+    tensors[wanted].requires_grad_(True)
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    grad, = torch.autograd.grad(loss.sum(), tensors[wanted])
+    copies = {name: t.detach().clone().requires_grad_(name == wanted) for name, t in tensors.items()}
+    want, = torch.autograd.grad(reference(copies["input"], copies["weight"], target, copies["bias"],
+                                          reduction=reduction).sum(), copies[wanted])
+    torch.testing.assert_close(grad, want)
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_gradcheck(device, reduction):
+    x, weight, target, bias = make_inputs((4,), 3, 5, torch.float64, device)
+    target[1] = -100
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+    assert torch.autograd.gradcheck(
+        lambda a, w, b: fused_ops.linear_cross_entropy(a, w, target, b, -100, 0.1, reduction, 3.0), leaves)
+
+
+def test_double_backward_is_an_error(device):
+    x, weight, target, bias = make_inputs((4,), 3, 5, torch.float64, device)
+    x.requires_grad_(True)
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias)
+    with pytest.raises(RuntimeError, match="fused::linear_cross_entropy: double backward"):
+        torch.autograd.grad(loss, x, create_graph=True)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_second_backward_through_one_graph_recomputes(device, reduction):
+    """The forward's gradients go to the first backward; a later one (retain_graph) recomputes them."""
+    x, weight, target, bias = make_inputs((4,), 3, 5, torch.float64, device)
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+    loss = fused_ops.linear_cross_entropy(x, weight, target, bias, reduction=reduction)
+    first = torch.autograd.grad(2 * loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(3 * loss, leaves)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a * 1.5, b)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+def test_opcheck(device, dtype, requires_grad, reduction):
+    x, weight, target, bias = make_inputs((5,), 8, 7, dtype, device)
+    for t in (x, weight, bias):
+        t.requires_grad_(requires_grad)
+    opcheck(torch.ops.fused.linear_cross_entropy.default, (x, weight, target, bias, -100, 0.1, reduction, 2.0))
+    detached = [t.detach() for t in (x, weight)]
+    mask = [True, True, True]
+    opcheck(torch.ops.fused.linear_cross_entropy_with_gradients.default,
+            (*detached, target, bias.detach(), -100, 0.1, reduction, 2.0, mask))
+    grad_loss = torch.randn(target.shape if reduction == "none" else (), device=device)
+    opcheck(torch.ops.fused.linear_cross_entropy_backward.default,
+            (grad_loss, *detached, target, bias.detach(), -100, 0.1, reduction, 2.0, [True, False, True]))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_compile_fullgraph_dynamic_forward_and_backward(device, reduction):
+    def step(x, weight, target, bias):
+        return fused_ops.linear_cross_entropy(x, weight, target, bias, label_smoothing=0.1, reduction=reduction).sum()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (5, 9):
+        x, weight, target, bias = make_inputs((rows,), 8, 11, torch.float32, device)
+        leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+        got = torch.autograd.grad(compiled(x, weight, target, bias), leaves)
+        want = torch.autograd.grad(step(x, weight, target, bias), leaves)
+        for grad, expected in zip(got, want):
+            torch.testing.assert_close(grad, expected)
+
+
+def test_export_keeps_one_node(device):
+    head = fused_ops.nn.LinearCrossEntropy(label_smoothing=0.1)
+
+    class Loss(torch.nn.Module):
+        def forward(self, x, weight, target):
+            return head(x, weight, target)
+    x, weight, target, _ = make_inputs((6,), 8, 11, torch.float32, device)
+    exported = torch.export.export(Loss(), (x, weight, target))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.fused.linear_cross_entropy.default) == 1
+    torch.testing.assert_close(exported.module()(x, weight, target), head(x, weight, target))
+
+
+def test_torchscript_module_save_load(device, tmp_path):
+    module = fused_ops.nn.LinearCrossEntropy(reduction="sum", softcap=4.0)
+    torch.jit.script(module).save(str(tmp_path / "loss.pt"))
+    loaded = torch.jit.load(str(tmp_path / "loss.pt"))
+    x, weight, target, bias = make_inputs((6,), 8, 11, torch.float32, device)
+    torch.testing.assert_close(loaded(x, weight, target, bias), module(x, weight, target, bias))
+
+
+def test_module_rejects_bad_options():
+    for options, message in (({"reduction": "avg"}, "reduction must be"), ({"label_smoothing": 2.0}, "label_smoothing"),
+                             ({"softcap": -1.0}, "softcap must be")):
+        with pytest.raises(ValueError, match=message):
+            fused_ops.nn.LinearCrossEntropy(**options)
+
+
+def bad_linear_cross_entropy_inputs(device):
+    def make(**overrides):
+        x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device, ignored=0.0)
+        arguments = {"input": x, "weight": weight, "target": target, "bias": bias, "ignore_index": -100,
+                     "label_smoothing": 0.0, "reduction": "mean", "softcap": 0.0}
+        arguments.update(overrides)
+        return lambda: torch.ops.fused.linear_cross_entropy(*arguments.values())
+    op = "fused::linear_cross_entropy: "
+    cases = [
+        (make(target=torch.tensor([0, 6, 1, 2], device=device)),
+         op + "expected target values in [0, 6) or ignore_index (-100), but got 6"),
+        (make(target=torch.tensor([0, -1, 1, 2], device=device)), "or ignore_index (-100), but got -1"),
+        (make(target=torch.zeros(4, device=device)), op + "expected target to be int64 class indices, but got Float"),
+        (make(target=torch.zeros(3, dtype=torch.long, device=device)),
+         op + "expected target of input's leading shape [4], but got [3]"),
+        (make(weight=torch.randn(6, 7, device=device)),
+         op + "expected weight [V, H] with V >= 1 and H = input.size(-1) = 8, but got shape [6, 7]"),
+        (make(weight=torch.randn(6, 8, device=device, dtype=torch.float64)),
+         op + "expected weight to have the same dtype as input (Float), but got Double"),
+        (make(bias=torch.randn(5, device=device)), op + "expected bias to be 1-D of size V = weight.size(0) = 6, but got shape [5]"),
+        (make(input=torch.randn((), device=device)), op + "expected input [..., H] to have at least one dim"),
+        (make(reduction="avg"), op + "expected reduction to be 'mean', 'sum' or 'none', but got 'avg'"),
+        (make(label_smoothing=1.5), op + "expected label_smoothing in [0, 1], but got 1.5"),
+        (make(softcap=-1.0), op + "expected softcap >= 0 (0: no cap), but got -1"),
+        (make(input=torch.randint(0, 3, (4, 8), device=device)),
+         op + "expected input to be float64, float32, float16 or bfloat16, but got Long"),
+    ]
+    if device == "cuda":
+        cases.append((make(target=torch.zeros(4, dtype=torch.long)),
+                      op + "expected target to be on the same device as input (cuda:0), but got cpu"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(13))
+@pytest.mark.absent(lambda device, case: case >= len(bad_linear_cross_entropy_inputs(device)))
+def test_bad_inputs(device, case):
+    assert_bad_input_rejected(bad_linear_cross_entropy_inputs(device), case)
+
+
+def test_bad_grad_loss_of_the_backward(device):
+    x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"linear_cross_entropy_backward: expected grad_loss of the loss's shape \[4\]"):
+        torch.ops.fused.linear_cross_entropy_backward(torch.ones(3, device=device), x, weight, target, bias, -100, 0.0,
+                                                      "none", 0.0, [True, True, True])
