@@ -62,7 +62,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(const at
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&,
                                                          const at::Tensor&, int64_t, bool) {
-  return {like_contiguous(q), like_contiguous(k)};
+  return {at::empty_like(q, at::MemoryFormat::Preserve), at::empty_like(k, at::MemoryFormat::Preserve)};
 }
 
 // linear_cross_entropy: the loss's shape and dtype, and each gradient asked for like its input (an

@@ -232,6 +232,11 @@ def run(args):
         if work.errors is not None and device == "cuda":
             workload_rows[-1]["errors"] = work.errors(inputs)
         del inputs, grads
+        near = copy_check_gbs(device)
+        for row in workload_rows:
+            row["copy_gbs_near"] = near
+            row["disturbed"] = near < DISTURBED_FRACTION * copy_gbs
+        rows.extend(workload_rows)
     overhead = python_call_overhead_us(device) if len(variants) == 3 else {}
     return {
         "date": date.today().isoformat(), "device": gpu, "torch": torch.__version__,

@@ -31,8 +31,8 @@ def check(x, weight, target, bias, dtype, reduction="mean", label_smoothing=0.0,
     bias64 = leaves64[2] if bias is not None else None
     want = reference(x64, weight64, target, bias64, label_smoothing, reduction, softcap)
     assert loss.shape == want.shape and loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
-    scale = largest_logit((x64, weight64, target, bias64 if bias64 is not None else torch.zeros(weight.shape[0],
-                                                                                                dtype=torch.float64)))
+    zeros = torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
+    scale = largest_logit((x64, weight64, target, bias64 if bias64 is not None else zeros))
     tolerance = TOLERANCE[dtype] * 4
     torch.testing.assert_close(loss.double().cpu(), want.detach().cpu(), rtol=tolerance, atol=tolerance * scale)
     grad_output = torch.randn(loss.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)

@@ -4,6 +4,7 @@
 // times; smaller ones hold less memory. docs/design.md gives the figures.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 
 namespace fused_ops {
 
@@ -15,6 +16,13 @@ inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
   return (classes + per_vector - 1) / per_vector * per_vector;
 }
 
+// FUSED_OPS_LOGITS_CHUNK_MB=n sets a chunk's memory to n MB (at least one row): less memory for more
+// passes over the weight's gradient, or the reverse. 0 or unset: the plan's own size.
+inline int64_t requested_chunk_bytes() {
+  const char* setting = std::getenv("FUSED_OPS_LOGITS_CHUNK_MB");
+  return setting == nullptr ? 0 : std::max<int64_t>(0, std::atoll(setting)) * kMegabyte;
+}
+
 // An eighth of the whole logits, held between 64 MB and 512 MB, and at most an eighth of the memory
 // available; whole multiples of 64 rows once a chunk is that large.
 inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
@@ -23,6 +31,7 @@ inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int6
   const int64_t whole = rows * row_bytes;
   int64_t budget = std::clamp<int64_t>(whole / 8, 64 * kMegabyte, 512 * kMegabyte);
   budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
+  if (requested_chunk_bytes() > 0) budget = requested_chunk_bytes();
   int64_t chunk = std::max<int64_t>(1, budget / row_bytes);
   if (chunk > 64) chunk = chunk / 64 * 64;
   return std::max<int64_t>(1, std::min(chunk, rows));

@@ -49,7 +49,7 @@ struct RotaryProblem {
 
 inline int64_t rotary_heads_dim(int64_t unsqueeze_dim) { return unsqueeze_dim < 0 ? unsqueeze_dim + 4 : unsqueeze_dim; }
 
-// Allocates the outputs (contiguous, in q's and k's layouts) and hands both problems, q's then k's, to
+// Allocates the outputs and hands both problems, q's then k's, to
 // `run` (the CPU or CUDA loop) in one call, so the GPU rotates both in one launch. The checks
 // (registration/checks.cpp) have run.
 template <typename Run>
@@ -85,8 +85,10 @@ std::tuple<at::Tensor, at::Tensor> rotary_embedding_apply(const at::Tensor& q, c
     problem.transposed = transposed;
     return problem;
   };
-  at::Tensor q_out = empty_contiguous_like(q);
-  at::Tensor k_out = empty_contiguous_like(k);
+  // Outputs keep a dense q's (k's) memory layout, as eager's q * cos does (a [B, H, S, D] view of a
+  // [B, S, H, D] projection stays so), so each is read and written in one order; others are contiguous.
+  at::Tensor q_out = at::empty_like(q, at::MemoryFormat::Preserve);
+  at::Tensor k_out = at::empty_like(k, at::MemoryFormat::Preserve);
   const RotaryProblem problems[2] = {describe(q, q_out), describe(k, k_out)};
   if (q.numel() + k.numel() > 0) run(problems, q.scalar_type(), cos.scalar_type());
   return {q_out, k_out};
