@@ -420,10 +420,16 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       // The forward's gradients, scaled in place and handed over: no second copy of the weight's.
       const std::vector<at::Tensor> gradients = computed->second.toTensorVector();
       ctx->saved_data.erase(computed);
-      const at::Tensor& scale = grad_outputs[0];
-      grad_input = mask[0] ? gradients[0].mul_(scale) : at::Tensor();
-      grad_weight = mask[1] ? gradients[1].mul_(scale) : at::Tensor();
-      grad_bias = mask[2] ? gradients[2].mul_(scale) : at::Tensor();
+      std::vector<at::Tensor> scaled;
+      for (int i = 0; i < 3; ++i) {
+        if (mask[i]) scaled.push_back(gradients[i]);
+      }
+      // One vectorized pass over all of them with the scale read on the device (a 0-d tensor operand
+      // of mul_ takes the unvectorized elementwise path, at a fifth of the bandwidth).
+      at::_foreach_mul_(scaled, grad_outputs[0]);
+      grad_input = mask[0] ? gradients[0] : at::Tensor();
+      grad_weight = mask[1] ? gradients[1] : at::Tensor();
+      grad_bias = mask[2] ? gradients[2] : at::Tensor();
     } else {
       // 'none', or a later backward through the same graph (retain_graph=True): recomputed.
       const variable_list saved = ctx->get_saved_variables();

@@ -3,6 +3,7 @@
 // launch_plan.h) with rows in the tensor's memory order, so the cos/sin rows that the heads of one
 // position share stay in cache; the strided kernel takes any strides, one pair per thread.
 #include <ATen/OpMathType.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -16,11 +17,18 @@ namespace fused_ops {
 namespace cuda {
 namespace {
 
-// Both tensors' problems; blocks [0, first_blocks) rotate q, the others k.
+using Divider = at::cuda::detail::IntDivider<unsigned int>;
+
+// Both tensors' problems; blocks [0, first_blocks) rotate q, the others k. The vectorized kernel splits
+// an item index into (row, item of the row) and a row into (b, outer, inner) in memory order with
+// multiply-shift dividers: a thread's index math would otherwise cost more than its 16-byte moves.
 struct RotaryPair {
   RotaryProblem tensors[2];
   unsigned int first_blocks;
   bool sequence_outer[2];
+  Divider items_per_row[2];
+  Divider inner[2];  // heads when the sequence is outer, else the sequence
+  Divider outer[2];
 };
 
 struct BlockShare {
@@ -95,23 +103,18 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(Rot
   const BlockShare share = block_share(pair.first_blocks);
   const RotaryProblem& p = pair.tensors[share.tensor];
   const bool sequence_outer = pair.sequence_outer[share.tensor];
-  const uint32_t heads = p.sizes[1], sequence = p.sizes[2];
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
   const uint32_t rotated_items = (p.interleaved ? rotary_dim : half) / kWidth;
-  const uint32_t items_per_row = rotated_items + (uint32_t(p.sizes[3]) - rotary_dim) / kWidth;
-  const uint32_t items = uint32_t(p.sizes[0]) * heads * sequence * items_per_row;
+  const Divider& items_per_row = pair.items_per_row[share.tensor];
+  const Divider& inner = pair.inner[share.tensor];
+  const Divider& outer = pair.outer[share.tensor];
+  const uint32_t items = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]) * items_per_row.divisor;
   for (int64_t item = share.block * blockDim.x + threadIdx.x; item < items; item += share.blocks * blockDim.x) {
-    const uint32_t row = uint32_t(item) / items_per_row, j = uint32_t(item) - row * items_per_row;
-    uint32_t b, h, s;
-    if (sequence_outer) {
-      h = row % heads;
-      s = (row / heads) % sequence;
-      b = row / heads / sequence;
-    } else {
-      s = row % sequence;
-      h = (row / sequence) % heads;
-      b = row / sequence / heads;
-    }
+    const auto [row, j] = items_per_row.divmod(uint32_t(item));
+    const auto [rest, inner_index] = inner.divmod(row);
+    const auto [b, outer_index] = outer.divmod(rest);
+    const uint32_t h = sequence_outer ? inner_index : outer_index;
+    const uint32_t s = sequence_outer ? outer_index : inner_index;
     auto row_offset = [&](const int64_t (&strides)[4]) {
       return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
     };
@@ -161,7 +164,18 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_MIXED_TYPES(dtype, table_dtype, "rotary_cuda", [&] {
     const RotaryLaunchPlan plan = plan_rotary(problems, sizeof(scalar_t), sizeof(weight_t));
-    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}};
+    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}, {}, {}, {}};
+    if (plan.vector_elements > 1) {
+      for (int t = 0; t < 2; ++t) {
+        const RotaryProblem& problem = problems[t];
+        const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
+        const auto per_row = rows == 0 ? 1 : rotary_items(problem, plan.vector_elements) / rows;
+        const int64_t heads = problem.sizes[1], sequence = problem.sizes[2];
+        pair.items_per_row[t] = Divider(std::max<int64_t>(1, per_row));
+        pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? heads : sequence));
+        pair.outer[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? sequence : heads));
+      }
+    }
     // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.
     const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan.vector_elements)), 1u << 29);
     const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan.vector_elements)), 1u << 29);
