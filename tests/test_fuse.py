@@ -1,0 +1,182 @@
+"""fused_ops.fuse on tiny random-init Hugging Face models (Llama, Mistral, Qwen2, Qwen3, GPT-2, BERT) and
+on torch's own norms: what it swaps, the same loss, logits and gradients as the stock model eagerly and
+compiled, generation with a KV cache, and an unchanged state dict."""
+import copy
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fused_ops
+
+transformers = pytest.importorskip("transformers")
+
+SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             vocab_size=101, max_position_embeddings=64)
+FAMILIES = {
+    "llama": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(**SIZES, sliding_window=None)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SIZES)),
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SIZES, head_dim=16)),
+}
+# Modules of each kind a 2-layer model has: RMSNorms (two per layer and the final one, plus q_norm and
+# k_norm per Qwen3 layer), MLPs, attentions, decoder layers, the causal LM.
+EXPECTED = {"norm": 5, "mlp": 2, "rope": 2, "residual_norm": 2, "cross_entropy": 1}
+
+
+def stock_and_fused(family, device):
+    torch.manual_seed(0)
+    stock = FAMILIES[family]().to(device)
+    with torch.no_grad():  # norms of ones would hide a weight that is not applied
+        for name, parameter in stock.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    return stock, fused_ops.fuse(copy.deepcopy(stock))
+
+
+def gradients_by_stock_name(model):
+    """Every parameter's gradient under the stock model's names (the merged gate/up split back)."""
+    grads = {}
+    for name, parameter in model.named_parameters():
+        if name.endswith("gate_up_proj.weight"):
+            gate, up = parameter.grad.chunk(2)
+            grads[name.replace("gate_up_proj", "gate_proj")] = gate
+            grads[name.replace("gate_up_proj", "up_proj")] = up
+        else:
+            grads[name] = parameter.grad
+    return grads
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_swaps_each_kind_and_logs_it(family, caplog):
+    with caplog.at_level(logging.INFO, logger="fused_ops"):
+        _, fused = stock_and_fused(family, "cpu")
+    kinds = {}
+    for module in fused.modules():
+        kind = getattr(type(module), "_fused_ops_kind", None)
+        if kind is not None:
+            kinds[kind] = kinds.get(kind, 0) + 1
+    assert sum(isinstance(m, fused_ops.nn.RMSNorm) for m in fused.modules()) == 5 + (4 if family == "qwen3" else 0)
+    assert sum(type(m).__name__ == "FusedGatedMLP" for m in fused.modules()) == 2
+    assert kinds == {"rope": 2, "residual_norm": 2, "cross_entropy": 1}
+    lines = [r.getMessage() for r in caplog.records if r.name == "fused_ops"]
+    assert len(lines) == 5 and all(line.startswith("fused_ops.fuse: ") for line in lines)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_same_loss_logits_and_gradients(family, device):
+    stock, fused = stock_and_fused(family, device)
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), device=device)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    want, got = stock(input_ids=ids, labels=labels), fused(input_ids=ids, labels=labels)
+    assert got.logits is None  # the loss comes from linear_cross_entropy, without the logits
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
+    want.loss.backward()
+    got.loss.backward()
+    expected = dict(stock.named_parameters())
+    grads = gradients_by_stock_name(fused)
+    assert set(grads) == set(expected)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+    with torch.no_grad():
+        torch.testing.assert_close(fused(input_ids=ids).logits, stock(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_fused_model_matches_stock(device):
+    stock, fused = stock_and_fused("llama", device)
+    compiled = torch.compile(fused, backend="inductor" if device == "cuda" else "aot_eager")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), device=device)
+    for _ in range(2):  # the second call runs the compiled graph with its gradients
+        for model in (stock, fused):
+            model.zero_grad()
+        want, got = stock(input_ids=ids, labels=ids), compiled(input_ids=ids, labels=ids)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
+        want.loss.backward()
+        got.loss.backward()
+        expected = dict(stock.named_parameters())
+        for name, grad in gradients_by_stock_name(fused).items():
+            torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_generate_with_a_kv_cache(family, device):
+    stock, fused = stock_and_fused(family, device)
+    prompt = torch.randint(0, SIZES["vocab_size"], (2, 5), device=device)
+    settings = dict(max_new_tokens=8, do_sample=False, use_cache=True, pad_token_id=0)
+    with torch.no_grad():
+        assert torch.equal(fused.generate(prompt, **settings), stock.generate(prompt, **settings))
+
+
+def test_state_dict_is_unchanged_and_checkpoints_load_both_ways(tmp_path):
+    stock, fused = stock_and_fused("llama", "cpu")
+    want, got = stock.state_dict(), fused.state_dict()
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key].shape == value.shape and torch.equal(got[key], value), key
+    other = FAMILIES["llama"]()  # fresh random weights, loaded into the fused model
+    fused.load_state_dict(other.state_dict())
+    for key, value in other.state_dict().items():
+        assert torch.equal(fused.state_dict()[key], value), key
+    fused.save_pretrained(tmp_path)
+    reloaded = transformers.LlamaForCausalLM.from_pretrained(tmp_path)
+    for key, value in reloaded.state_dict().items():
+        assert torch.equal(fused.state_dict()[key], value), key
+
+
+def test_torch_norms_and_options():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.RMSNorm(16), torch.nn.LayerNorm(16),
+                                torch.nn.LayerNorm(16, bias=False))
+    x = torch.randn(3, 16)
+    want = model(x)
+    fused_ops.fuse(model)
+    assert [type(m) for m in model[1:]] == [fused_ops.nn.RMSNorm, fused_ops.nn.LayerNorm, fused_ops.nn.LayerNorm]
+    torch.testing.assert_close(model(x), want)
+    assert list(model.state_dict()) == ["0.weight", "0.bias", "1.weight", "2.weight", "2.bias", "3.weight"]
+    kept = fused_ops.fuse(FAMILIES["llama"](), mlp=False, rope=False, cross_entropy=False)
+    assert type(kept.model.layers[0].mlp).__name__ == "LlamaMLP"
+    assert type(kept.model.layers[0].self_attn).__name__ == "LlamaAttention"
+
+
+def test_nothing_to_fuse_warns_and_returns_the_model():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    with pytest.warns(UserWarning, match="nothing to fuse in Sequential"):
+        assert fused_ops.fuse(model) is model
+
+
+def test_unknown_structure_is_left_alone_and_logged(caplog):
+    class OddRMSNorm(torch.nn.Module):  # an RMSNorm by name whose forward is not the Llama one
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+
+        def forward(self, x):
+            return x * (1 + self.weight)
+    model = torch.nn.Sequential(OddRMSNorm(), torch.nn.RMSNorm(8))
+    with caplog.at_level(logging.INFO, logger="fused_ops"):
+        fused_ops.fuse(model)
+    assert type(model[0]) is OddRMSNorm and type(model[1]) is fused_ops.nn.RMSNorm
+    assert any("left OddRMSNorm alone" in r.getMessage() for r in caplog.records)
+
+
+def test_gpt2_and_bert_bias_gelu(device):
+    torch.manual_seed(0)
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50,
+                                                                n_positions=32)).to(device).eval()
+    bert = transformers.BertModel(transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                          intermediate_size=64, vocab_size=50)).to(device).eval()
+    ids = torch.randint(0, 50, (2, 9), device=device)
+    for model, output in ((gpt2, lambda out: out.logits), (bert, lambda out: out.last_hidden_state)):
+        with torch.no_grad():
+            want = output(model(input_ids=ids))
+            fused_ops.fuse(model, norms=False)
+            assert sum(getattr(type(m), "_fused_ops_kind", None) == "bias_gelu" for m in model.modules()) == 2
+            torch.testing.assert_close(output(model(input_ids=ids)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_import_does_not_import_transformers():
+    code = "import sys, fused_ops; assert 'transformers' not in sys.modules, 'imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
