@@ -27,7 +27,7 @@ struct RotaryPair {
   unsigned int first_blocks;
   bool sequence_outer[2];
   Divider items_per_row[2];
-  Divider inner[2];  // heads when the sequence is outer, else the sequence
+  Divider inner[2];  // head groups when the sequence is outer, else the sequence
   Divider outer[2];
 };
 
@@ -95,69 +95,121 @@ __device__ __forceinline__ void load_table(const table_t* row, int64_t element, 
   }
 }
 
+// Heads one thread of the vectorized kernel rotates with the cos/sin values it loads once: the tables'
+// loads (two per x vector otherwise) are shared by the heads of one position.
+constexpr int kHeadsPerThread = 4;
+
 template <typename scalar_t, typename table_t, int kWidth>
 __global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
+  using Vector = Vec<scalar_t, kWidth * int(sizeof(scalar_t))>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
   const BlockShare share = block_share(pair.first_blocks);
   const RotaryProblem& p = pair.tensors[share.tensor];
   const bool sequence_outer = pair.sequence_outer[share.tensor];
+  const uint32_t heads = p.sizes[1];
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
   const uint32_t rotated_items = (p.interleaved ? rotary_dim : half) / kWidth;
   const Divider& items_per_row = pair.items_per_row[share.tensor];
   const Divider& inner = pair.inner[share.tensor];
   const Divider& outer = pair.outer[share.tensor];
-  const uint32_t items = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]) * items_per_row.divisor;
+  const uint32_t groups = (heads + kHeadsPerThread - 1) / kHeadsPerThread;
+  const uint32_t items = uint32_t(p.sizes[0] * p.sizes[2]) * groups * items_per_row.divisor;
   for (int64_t item = share.block * blockDim.x + threadIdx.x; item < items; item += share.blocks * blockDim.x) {
+    // Items in memory order: (b, s, head group, vector) when the sequence is outer, else (b, group, s, vector).
     const auto [row, j] = items_per_row.divmod(uint32_t(item));
     const auto [rest, inner_index] = inner.divmod(row);
     const auto [b, outer_index] = outer.divmod(rest);
-    const uint32_t h = sequence_outer ? inner_index : outer_index;
+    const uint32_t first_head = (sequence_outer ? inner_index : outer_index) * kHeadsPerThread;
     const uint32_t s = sequence_outer ? outer_index : inner_index;
-    auto row_offset = [&](const int64_t (&strides)[4]) {
+    const int heads_here = min(kHeadsPerThread, int(heads - first_head));
+    auto row_offset = [&](const int64_t (&strides)[4], uint32_t h) {
       return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
     };
-    const scalar_t* x = static_cast<const scalar_t*>(p.x) + row_offset(p.x_strides);
-    scalar_t* out = static_cast<scalar_t*>(p.out) + row_offset(p.out_strides);
+    const scalar_t* x = static_cast<const scalar_t*>(p.x) + row_offset(p.x_strides, first_head);
+    scalar_t* out = static_cast<scalar_t*>(p.out) + row_offset(p.out_strides, first_head);
+    const int64_t x_head = p.x_strides[1], out_head = p.out_strides[1];
     if (j >= rotated_items) {
       const int64_t e = rotary_dim + (j - rotated_items) * kWidth;
-      store_vec<kBytes>(out + e, 0, load_vec<kBytes>(x + e, 0));
+      Vector passed[kHeadsPerThread];
+#pragma unroll
+      for (int h = 0; h < kHeadsPerThread; ++h) {
+        if (h < heads_here) passed[h] = load_vec<kBytes>(x + h * x_head + e, 0);
+      }
+#pragma unroll
+      for (int h = 0; h < kHeadsPerThread; ++h) {
+        if (h < heads_here) store_vec<kBytes>(out + h * out_head + e, 0, passed[h]);
+      }
       continue;
     }
-    const table_t* cos = static_cast<const table_t*>(p.cos) + row_offset(p.cos_strides);
-    const table_t* sin = static_cast<const table_t*>(p.sin) + row_offset(p.sin_strides);
-    if (p.interleaved) {
-      const int64_t e = int64_t(j) * kWidth;
-      opmath_t v[kWidth], c[kWidth], sn[kWidth];
-      unpack_vec(load_vec<kBytes>(x + e, 0), v);
-      load_table(cos, e, c);
-      load_table(sin, e, sn);
+    const table_t* cos = static_cast<const table_t*>(p.cos) + row_offset(p.cos_strides, 0);
+    const table_t* sin = static_cast<const table_t*>(p.sin) + row_offset(p.sin_strides, 0);
+    // Pairs (first[i], second[i]): (j, j + R/2) vectors apart, or neighbours within one vector.
+    const int64_t ea = int64_t(j) * kWidth, eb = p.interleaved ? ea : ea + half;
+    Vector first[kHeadsPerThread], second[kHeadsPerThread];
 #pragma unroll
-      for (int i = 0; i < kWidth; i += 2) rotate_pair(v[i], v[i + 1], c[i], c[i + 1], sn[i], sn[i + 1], p.transposed);
-      store_vec<kBytes>(out + e, 0, pack_vec<scalar_t, kBytes>(v));
-    } else {
-      const int64_t ea = int64_t(j) * kWidth, eb = ea + half;
-      opmath_t a[kWidth], c[kWidth], cos_a[kWidth], cos_b[kWidth], sin_a[kWidth], sin_b[kWidth];
-      unpack_vec(load_vec<kBytes>(x + ea, 0), a);
-      unpack_vec(load_vec<kBytes>(x + eb, 0), c);
-      load_table(cos, ea, cos_a);
+    for (int h = 0; h < kHeadsPerThread; ++h) {
+      if (h < heads_here) {
+        first[h] = load_vec<kBytes>(x + h * x_head + ea, 0);
+        if (!p.interleaved) second[h] = load_vec<kBytes>(x + h * x_head + eb, 0);
+      }
+    }
+    opmath_t cos_a[kWidth], cos_b[kWidth], sin_a[kWidth], sin_b[kWidth];
+    load_table(cos, ea, cos_a);
+    load_table(sin, ea, sin_a);
+    if (!p.interleaved) {
       load_table(cos, eb, cos_b);
-      load_table(sin, ea, sin_a);
       load_table(sin, eb, sin_b);
+    }
 #pragma unroll
-      for (int i = 0; i < kWidth; ++i) rotate_pair(a[i], c[i], cos_a[i], cos_b[i], sin_a[i], sin_b[i], p.transposed);
-      store_vec<kBytes>(out + ea, 0, pack_vec<scalar_t, kBytes>(a));
-      store_vec<kBytes>(out + eb, 0, pack_vec<scalar_t, kBytes>(c));
+    for (int h = 0; h < kHeadsPerThread; ++h) {
+      if (h >= heads_here) continue;
+      opmath_t a[kWidth], c[kWidth];
+      unpack_vec(first[h], a);
+      if (p.interleaved) {
+#pragma unroll
+        for (int i = 0; i < kWidth; i += 2) {
+          rotate_pair(a[i], a[i + 1], cos_a[i], cos_a[i + 1], sin_a[i], sin_a[i + 1], p.transposed);
+        }
+      } else {
+        unpack_vec(second[h], c);
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) rotate_pair(a[i], c[i], cos_a[i], cos_b[i], sin_a[i], sin_b[i], p.transposed);
+        store_vec<kBytes>(out + h * out_head + eb, 0, pack_vec<scalar_t, kBytes>(c));
+      }
+      store_vec<kBytes>(out + h * out_head + ea, 0, pack_vec<scalar_t, kBytes>(a));
     }
   }
 }
 
 int64_t rotary_items(const RotaryProblem& p, int vector_elements) {
-  const int64_t rows = p.sizes[0] * p.sizes[1] * p.sizes[2];
-  if (vector_elements == 1) return rows * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
+  if (vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
+  const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
   const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
-  return rows * (rotated / vector_elements + (p.sizes[3] - p.rotary_dim) / vector_elements);
+  return p.sizes[0] * p.sizes[2] * groups * (rotated / vector_elements + (p.sizes[3] - p.rotary_dim) / vector_elements);
+}
+
+// The kernel for `vector_elements` (a template, so the widths a dtype cannot have are never built).
+template <typename scalar_t, typename table_t>
+void launch_rotary(int vector_elements, unsigned int blocks, cudaStream_t stream, const RotaryPair& pair) {
+  auto launch = [&](auto kernel) {
+    launch_kernel(kernel, blocks, kThreadsPerBlock, 0, stream, pair);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  switch (vector_elements) {
+    case 1:
+      return launch(rotary_strided_kernel<scalar_t, table_t>);
+    case 2:
+      return launch(rotary_vectorized_kernel<scalar_t, table_t, 2>);
+    case 4:
+      if constexpr (sizeof(scalar_t) <= 4) return launch(rotary_vectorized_kernel<scalar_t, table_t, 4>);
+      break;
+    case 8:
+      if constexpr (sizeof(scalar_t) <= 2) return launch(rotary_vectorized_kernel<scalar_t, table_t, 8>);
+      break;
+  }
+  TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", vector_elements, "-element vectors");
 }
 
 void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::ScalarType table_dtype) {
@@ -168,12 +220,12 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
     if (plan.vector_elements > 1) {
       for (int t = 0; t < 2; ++t) {
         const RotaryProblem& problem = problems[t];
-        const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
-        const auto per_row = rows == 0 ? 1 : rotary_items(problem, plan.vector_elements) / rows;
-        const int64_t heads = problem.sizes[1], sequence = problem.sizes[2];
+        const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+        const int64_t per_row = (rotated + problem.sizes[3] - problem.rotary_dim) / plan.vector_elements;
+        const int64_t groups = (problem.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread, sequence = problem.sizes[2];
         pair.items_per_row[t] = Divider(std::max<int64_t>(1, per_row));
-        pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? heads : sequence));
-        pair.outer[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? sequence : heads));
+        pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? groups : sequence));
+        pair.outer[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? sequence : groups));
       }
     }
     // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.
@@ -181,23 +233,7 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
     const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan.vector_elements)), 1u << 29);
     pair.first_blocks = first_blocks;
     const unsigned int blocks = first_blocks + second_blocks;
-    auto launch = [&](auto kernel) {
-      launch_kernel(kernel, blocks, kThreadsPerBlock, 0, stream, pair);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    };
-    switch (plan.vector_elements) {
-      case 1:
-        return launch(rotary_strided_kernel<scalar_t, weight_t>);
-      case 2:
-        return launch(rotary_vectorized_kernel<scalar_t, weight_t, 2>);
-      case 4:
-        if constexpr (sizeof(scalar_t) <= 4) return launch(rotary_vectorized_kernel<scalar_t, weight_t, 4>);
-        break;
-      case 8:
-        if constexpr (sizeof(scalar_t) <= 2) return launch(rotary_vectorized_kernel<scalar_t, weight_t, 8>);
-        break;
-    }
-    TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", plan.vector_elements, "-element vectors");
+    launch_rotary<scalar_t, weight_t>(plan.vector_elements, blocks, stream, pair);
   });
 }
 
