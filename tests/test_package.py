@@ -75,3 +75,38 @@ def test_every_op_has_every_kernel():
             assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), (op, key)
         if fused_ops.cuda_kernels_compiled():
             assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), op
+
+
+def run_copied_package(tmp_path, stamp, before=""):
+    """`import fused_ops` from a copy of the installed package whose build stamp says `stamp`, after
+    `before` (Python run first in that process)."""
+    import shutil
+    copy = tmp_path / "fused_ops"
+    shutil.copytree(os.path.dirname(fused_ops.__file__), copy)
+    (copy / "lib" / "torch_build.txt").write_text(stamp)
+    return subprocess.run([sys.executable, "-c", before + "import fused_ops"], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(tmp_path)), cwd=tmp_path)
+
+
+def test_a_build_for_another_torch_is_a_clear_import_error(tmp_path):
+    result = run_copied_package(tmp_path, "2.9.0\nOFF\n")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: fused_ops was built against torch 2.9.0, but torch {torch.__version__} "
+                           "is imported; rebuild fused_ops against the torch you run"), last
+
+
+def test_a_cuda_build_on_a_torch_without_cuda_is_a_clear_import_error(tmp_path):
+    version = torch.__version__.split("+")[0]
+    result = run_copied_package(tmp_path, f"{version}\nON\n", before="import torch; torch.version.cuda = None; ")
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"ImportError: fused_ops was built with CUDA kernels against a CUDA build of torch "
+                           f"{version}, but torch {torch.__version__} has no CUDA"), last
+
+
+def test_the_build_stamp_matches_the_running_torch():
+    with open(os.path.join(os.path.dirname(fused_ops.library_path()), "torch_build.txt")) as file:
+        built, cuda = file.read().split()
+    assert built == torch.__version__.split("+")[0]
+    assert (cuda in ("ON", "TRUE", "1")) == fused_ops.cuda_kernels_compiled()

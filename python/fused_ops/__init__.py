@@ -43,6 +43,28 @@ def cuda_arch_list() -> list:
         return file.read().replace(";", " ").split()
 
 
+def _check_built_for_this_torch() -> None:
+    """A library built against another torch fails to load with undefined symbols, or crashes; say
+    which versions differ and how to rebuild instead."""
+    path = os.path.join(_PACKAGE_DIR, "lib", "torch_build.txt")
+    if not os.path.exists(path):
+        return
+    with open(path) as file:
+        lines = file.read().split()
+    built = lines[0] if lines else ""
+    running = torch.__version__.split("+")[0]
+    rebuild = ("rebuild fused_ops against the torch you run: `pip install --no-build-isolation .` in its "
+               "source folder, or `scripts/setup.sh` there (PYTHON=/path/to/python for another interpreter)")
+    if built and built != running:
+        raise ImportError(f"fused_ops was built against torch {built}, but torch {torch.__version__} is imported; "
+                          f"{rebuild}")
+    if len(lines) > 1 and lines[1] in ("ON", "TRUE", "1") and torch.version.cuda is None:
+        raise ImportError(f"fused_ops was built with CUDA kernels against a CUDA build of torch {built}, but "
+                          f"torch {torch.__version__} has no CUDA; {rebuild}, with FUSED_OPS_CUDA=OFF for a "
+                          "CPU-only build")
+
+
+_check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm,  # noqa: E402
