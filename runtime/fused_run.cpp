@@ -212,9 +212,23 @@ int run(const Options& options) {
   return 0;
 }
 
+// The first non-empty line of an error, printable: messages can quote bytes of a corrupt file, and
+// TorchScript's start with a newline.
 std::string first_line(const std::string& text) {
-  const auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
+  static constexpr char kHex[] = "0123456789abcdef";
+  const size_t start = std::min(text.size(), text.find_first_not_of(" \n"));
+  std::string line;
+  for (const char c : text.substr(start, text.find('\n', start) - start)) {
+    const auto byte = static_cast<unsigned char>(c);
+    if (byte >= 0x20 && byte < 0x7f) {
+      line += c;
+    } else {
+      line += "\\x";
+      line += kHex[byte >> 4];
+      line += kHex[byte & 15];
+    }
+  }
+  return line;
 }
 
 }  // namespace
