@@ -1,7 +1,5 @@
 // The chunk loop of linear_cross_entropy, device-independent: ATen's products (cuBLAS on CUDA) around
 // the backend's row kernel. The checks (registration/checks.cpp) have run.
-#include <c10/util/accumulate.h>
-
 #include "../common/tensors.h"
 #include "launch_plan.h"
 #include "linear_cross_entropy.h"
@@ -19,8 +17,8 @@ void check_target_range(const at::Tensor& target, int64_t classes, int64_t ignor
   const at::Tensor invalid = (target.lt(0) | target.ge(classes)) & target.ne(ignore_index);
   if (!invalid.any().item<bool>()) return;
   const int64_t value = target.masked_select(invalid).index({0}).item<int64_t>();
-  TORCH_CHECK(false, "fused::linear_cross_entropy: expected target values in [0, ", classes,
-                    ") or ignore_index (", ignore_index, "), but got ", value);
+  TORCH_CHECK(false, "fused::linear_cross_entropy: expected target values in [0, ", classes, ") or ignore_index (",
+              ignore_index, "), but got ", value);
 }
 
 }  // namespace
