@@ -10,6 +10,7 @@ Results: OUT/model.json, a table on stdout, OUT/model.png, rows appended to --cs
 
     python scripts/bench_model.py [--variants stock_eager stock_compile fused_eager fused_compile liger]
                                   [--layers 16] [--batch 8] [--sequence 2048] [--steps 6] [--out DIR]
+                                  [--profile]
 """
 import argparse
 import csv
@@ -58,6 +59,17 @@ def train(args, variant):
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    if args.profile:  # one step under torch.profiler after two warm-up steps: where the time goes
+        from torch.profiler import ProfilerActivity, profile
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+            step()
+            torch.cuda.synchronize()
+        table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+        with open(os.path.join(args.out, f"profile_{variant}.txt"), "w") as file:
+            file.write(table)
     times = []
     for index in range(args.steps + 2):
         torch.cuda.synchronize()
@@ -152,6 +164,8 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--csv", default=None, help="CSV to append rows to (default OUT/model_results.csv)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also write OUT/profile_VARIANT.txt: the kernels of one step by GPU time")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -165,8 +179,10 @@ def main():
             except ImportError:
                 print("liger-kernel is not importable: its row is left out")
                 continue
+        os.makedirs(args.out, exist_ok=True)
         command = [sys.executable, __file__, "--child", variant] + [
-            f"--{name}={getattr(args, name)}" for name in ("layers", "batch", "sequence", "steps")]
+            f"--{name}={getattr(args, name)}" for name in ("layers", "batch", "sequence", "steps", "out")] + (
+            ["--profile"] if args.profile else [])
         run = subprocess.run(command, capture_output=True, text=True)
         lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
         if run.returncode != 0 or not lines:
