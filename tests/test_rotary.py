@@ -214,9 +214,9 @@ def test_bad_inputs(device, case):
 
 
 @pytest.mark.parametrize("layout", ["stepped", "offset"])
-def test_heads_the_vector_kernel_cannot_take(device, dtype, layout):
-    """Head vectors with a stride (every other element) or a data pointer off the vector alignment take
-    the strided kernel; the values are the same."""
+def test_stepped_and_misaligned_heads(device, dtype, layout):
+    """Head vectors with a stride (every other element) or a data pointer off the vector alignment (the
+    inputs the vectorized kernel leaves to the strided one): the same values as contiguous heads."""
     q, k, cos, sin = make_inputs(2, 4, 2, 5, 64, 64, dtype, device)
     if layout == "stepped":
         q = torch.stack([q, q], -1)[..., 0]
