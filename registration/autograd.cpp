@@ -424,9 +424,11 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       for (int i = 0; i < 3; ++i) {
         if (mask[i]) scaled.push_back(gradients[i]);
       }
-      // One vectorized pass over all of them with the scale read on the device (a 0-d tensor operand
-      // of mul_ takes the unvectorized elementwise path, at a fifth of the bandwidth).
-      at::_foreach_mul_(scaled, grad_outputs[0]);
+      // One vectorized pass over all of them with the scale read on the device. The foreach kernel
+      // takes a scale of the gradients' own dtype only (any other goes element by element at a third of
+      // the bandwidth); rounding grad_output to it adds at most one rounding of that dtype, none for the
+      // usual 1 or a power of two.
+      if (!scaled.empty()) at::_foreach_mul_(scaled, grad_outputs[0].to(scaled.front().scalar_type()));
       grad_input = mask[0] ? gradients[0] : at::Tensor();
       grad_weight = mask[1] ? gradients[1] : at::Tensor();
       grad_bias = mask[2] ? gradients[2] : at::Tensor();

@@ -10,9 +10,12 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
+#include <mutex>
 
 #include "../common/cuda_launch.cuh"
 #include "../common/vector.cuh"
+#include "launch_plan.h"
 #include "linear_cross_entropy.h"
 
 namespace fused_ops {
@@ -152,17 +155,36 @@ void cross_entropy_rows_cuda(const CrossEntropyRows& p, at::ScalarType dtype) {
   });
 }
 
+// The current device's total memory, asked once per device.
+int64_t device_total_memory(c10::DeviceIndex device) {
+  static std::mutex mutex;
+  static std::map<c10::DeviceIndex, int64_t> totals;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto found = totals.find(device);
+  if (found != totals.end()) return found->second;
+  size_t free_bytes = 0, total_bytes = 0;
+  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return totals[device] = static_cast<int64_t>(total_bytes);
+}
+
 }  // namespace
 }  // namespace cuda
 
 CrossEntropyBackend cross_entropy_cuda_backend() {
-  size_t free_bytes = 0, total_bytes = 0;
-  C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  // Memory the caching allocator holds but does not use counts as available too.
-  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(c10::cuda::current_device());
-  const int64_t cached = stats.reserved_bytes[0].current - stats.allocated_bytes[0].current;
+  const c10::DeviceIndex device = c10::cuda::current_device();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  const int64_t allocated = stats.allocated_bytes[0].current;
+  // The device's memory less what this process has allocated bounds what is free; cudaMemGetInfo (which
+  // can take milliseconds of host time per call) is asked only when that bound could limit the chunk.
+  int64_t available = cuda::device_total_memory(device) - allocated;
+  if (available < kMemoryNeverBinding) {
+    size_t free_bytes = 0, total_bytes = 0;
+    C10_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    // Memory the caching allocator holds but does not use counts as available too.
+    available = static_cast<int64_t>(free_bytes) + stats.reserved_bytes[0].current - allocated;
+  }
   const bool capturing = c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-  return {cuda::cross_entropy_rows_cuda, static_cast<int64_t>(free_bytes) + cached, !capturing};
+  return {cuda::cross_entropy_rows_cuda, available, !capturing};
 }
 
 }  // namespace fused_ops

@@ -9,6 +9,9 @@
 namespace fused_ops {
 
 constexpr int64_t kMegabyte = int64_t(1) << 20;
+// The plan's largest chunk, and the free memory above which the free-memory cap cannot bind.
+constexpr int64_t kLargestChunkBytes = 512 * kMegabyte;
+constexpr int64_t kMemoryNeverBinding = 8 * kLargestChunkBytes;
 
 // Row stride of the chunk buffer in elements: whole 16-byte vectors, so every row starts aligned.
 inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
@@ -29,7 +32,7 @@ inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int6
                                              int64_t available_bytes) {
   const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
   const int64_t whole = rows * row_bytes;
-  int64_t budget = std::clamp<int64_t>(whole / 8, 64 * kMegabyte, 512 * kMegabyte);
+  int64_t budget = std::clamp<int64_t>(whole / 8, 64 * kMegabyte, kLargestChunkBytes);
   budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
   if (requested_chunk_bytes() > 0) budget = requested_chunk_bytes();
   int64_t chunk = std::max<int64_t>(1, budget / row_bytes);

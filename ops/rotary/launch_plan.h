@@ -1,6 +1,8 @@
 #pragma once
-// The rotary family's launch policy: the widest vector every operand of both tensors allows (16 bytes
-// of q's dtype at most), or the strided kernel, and the row order that follows each tensor's memory.
+// The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or GPT-J's
+// pairs; one vector per thread for a partial rotate_half rotation), the widest vector every operand of
+// both tensors allows (16 bytes of q's dtype at most) or the strided kernel, and the row order that
+// follows each tensor's memory.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -13,16 +15,24 @@ namespace cuda {
 
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
+  bool whole_vectors = false;  // rotary_vectors_kernel (partial rotate_half) rather than rotary_pairs_kernel
   bool sequence_outer[2] = {false, false};  // rows ordered (b, s, h) rather than (b, h, s)
 };
 
 // Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
 // `width`, pointers aligned to the vector, and 32-bit row and item counts.
+// With `whole_vectors` a thread's vector may hold dims of both halves, its partners loaded in half
+// vectors: the half R/2 need only be a multiple of width / 2, and D and R of width.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
-                               int64_t table_element_size) {
+                               int64_t table_element_size, bool whole_vectors) {
   const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
-  if (rotated % width != 0 || (problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
+  if (whole_vectors) {
+    if (problem.rotary_dim % width != 0 || rotated % (width / 2) != 0) return false;
+  } else if (rotated % width != 0) {
+    return false;
+  }
+  if ((problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
   for (const int64_t* stride : {problem.x_strides, problem.out_strides, problem.cos_strides, problem.sin_strides}) {
@@ -32,13 +42,16 @@ inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t 
   }
   auto aligned = [](const void* pointer, int64_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; };
   const int64_t vector_bytes = width * element_size;
-  const int64_t table_bytes = std::min<int64_t>(16, width * table_element_size);
+  // Tables are read in (half) vectors of the width where a thread holds both halves.
+  const int64_t table_bytes = std::min<int64_t>(16, (whole_vectors ? width / 2 : width) * table_element_size);
   if (!aligned(problem.x, vector_bytes) || !aligned(problem.out, vector_bytes) || !aligned(problem.cos, table_bytes) ||
       !aligned(problem.sin, table_bytes)) {
     return false;
   }
   const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
-  const int64_t items = rows * (rotated / width + (problem.sizes[3] - problem.rotary_dim) / width);
+  const int64_t per_row = whole_vectors ? problem.sizes[3] / width
+                                        : rotated / width + (problem.sizes[3] - problem.rotary_dim) / width;
+  const int64_t items = rows * per_row;
   return items < std::numeric_limits<int32_t>::max();
 }
 
@@ -46,10 +59,11 @@ inline RotaryLaunchPlan plan_rotary(const RotaryProblem (&problems)[2], int64_t 
                                     int64_t table_element_size) {
   RotaryLaunchPlan plan;
   for (int t = 0; t < 2; ++t) plan.sequence_outer[t] = problems[t].x_strides[2] > problems[t].x_strides[1];
+  plan.whole_vectors = !problems[0].interleaved && problems[0].rotary_dim < problems[0].sizes[3];
   // Pairs of the interleaved form must sit inside one vector, so vectors hold at least two elements.
   for (int width = int(16 / element_size); width >= 2; width /= 2) {
-    if (rotary_vector_fits(problems[0], width, element_size, table_element_size) &&
-        rotary_vector_fits(problems[1], width, element_size, table_element_size)) {
+    if (rotary_vector_fits(problems[0], width, element_size, table_element_size, plan.whole_vectors) &&
+        rotary_vector_fits(problems[1], width, element_size, table_element_size, plan.whole_vectors)) {
       plan.vector_elements = width;
       return plan;
     }
