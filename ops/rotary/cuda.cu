@@ -187,18 +187,14 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
 
 // A partial rotation (R < D, rotate_half): one thread writes one vector of each of its heads, the
 // vectors of a head row going to consecutive threads, so a warp's stores cover whole rows across the
-// rotated and passed-through dims. A rotated vector reads its partners, x[e + R/2] or x[e - R/2], in
-// two half vectors (from cache: other threads' vectors), so R/2 need only be a multiple of half a
-// vector (16-byte vectors for R = 40 of bfloat16).
+// rotated and passed-through dims. A rotated vector also reads its partner, x[e + R/2] or x[e - R/2]
+// (another thread's vector, from cache).
 template <typename scalar_t, typename table_t, int kWidth>
 __global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectors_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
-  constexpr int kHalf = kWidth / 2;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
-  constexpr int kHalfBytes = kHalf * int(sizeof(scalar_t));
   using Vector = Vec<scalar_t, kBytes>;
-  using HalfVector = Vec<scalar_t, kHalfBytes>;
   const BlockShare share = block_share(pair.first_blocks);
   const RotaryProblem& p = pair.tensors[share.tensor];
   const bool sequence_outer = pair.sequence_outer[share.tensor];
@@ -237,38 +233,27 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectors_kernel(Rotary
     }
     const table_t* cos = static_cast<const table_t*>(p.cos) + row_offset(p.cos_strides, 0);
     const table_t* sin = static_cast<const table_t*>(p.sin) + row_offset(p.sin_strides, 0);
-    opmath_t cos_own[kWidth];
+    opmath_t cos_own[kWidth], sin_used[kWidth];
     load_table(cos, e, cos_own);
     // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
     // second; the transposed rotation takes sin at the partner's position and the other signs.
-    opmath_t sin_used[2][kHalf], sign[2];
-    HalfVector other[kHeadsPerThread][2];
+    const bool first_half = e < half;
+    const uint32_t partner = first_half ? e + half : e - half;
+    load_table(sin, p.transposed ? partner : e, sin_used);
+    const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
+    Vector other[kHeadsPerThread];
 #pragma unroll
-    for (int part = 0; part < 2; ++part) {
-      const uint32_t element = e + part * kHalf;
-      const bool first_half = element < half;
-      const uint32_t partner = first_half ? element + half : element - half;
-      load_table(sin, p.transposed ? partner : element, sin_used[part]);
-      sign[part] = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
-#pragma unroll
-      for (int h = 0; h < kHeadsPerThread; ++h) {
-        if (h < heads_here) other[h][part] = load_vec<kHalfBytes>(x + h * x_head + partner, 0);
-      }
+    for (int h = 0; h < kHeadsPerThread; ++h) {
+      if (h < heads_here) other[h] = load_vec<kBytes>(x + h * x_head + partner, 0);
     }
 #pragma unroll
     for (int h = 0; h < kHeadsPerThread; ++h) {
       if (h >= heads_here) continue;
-      opmath_t a[kWidth];
+      opmath_t a[kWidth], c[kWidth];
       unpack_vec(own[h], a);
+      unpack_vec(other[h], c);
 #pragma unroll
-      for (int part = 0; part < 2; ++part) {
-        opmath_t c[kHalf];
-        unpack_vec(other[h][part], c);
-#pragma unroll
-        for (int i = 0; i < kHalf; ++i) {
-          a[part * kHalf + i] = a[part * kHalf + i] * cos_own[part * kHalf + i] + sign[part] * (c[i] * sin_used[part][i]);
-        }
-      }
+      for (int i = 0; i < kWidth; ++i) a[i] = a[i] * cos_own[i] + sign * (c[i] * sin_used[i]);
       store_vec<kBytes>(out + h * out_head + e, 0, pack_vec<scalar_t, kBytes>(a));
     }
   }

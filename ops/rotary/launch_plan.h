@@ -22,16 +22,11 @@ struct RotaryLaunchPlan {
 // Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
 // `width`, pointers aligned to the vector, and 32-bit row and item counts.
-// With `whole_vectors` a thread's vector may hold dims of both halves, its partners loaded in half
-// vectors: the half R/2 need only be a multiple of width / 2, and D and R of width.
+// With `whole_vectors` a thread's vector and its partner (R/2 away) cover the same dims of each half.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
                                int64_t table_element_size, bool whole_vectors) {
   const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
-  if (whole_vectors) {
-    if (problem.rotary_dim % width != 0 || rotated % (width / 2) != 0) return false;
-  } else if (rotated % width != 0) {
-    return false;
-  }
+  if (rotated % width != 0) return false;
   if ((problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
@@ -42,8 +37,7 @@ inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t 
   }
   auto aligned = [](const void* pointer, int64_t bytes) { return reinterpret_cast<uintptr_t>(pointer) % bytes == 0; };
   const int64_t vector_bytes = width * element_size;
-  // Tables are read in (half) vectors of the width where a thread holds both halves.
-  const int64_t table_bytes = std::min<int64_t>(16, (whole_vectors ? width / 2 : width) * table_element_size);
+  const int64_t table_bytes = std::min<int64_t>(16, width * table_element_size);
   if (!aligned(problem.x, vector_bytes) || !aligned(problem.out, vector_bytes) || !aligned(problem.cos, table_bytes) ||
       !aligned(problem.sin, table_bytes)) {
     return false;
