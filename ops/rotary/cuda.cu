@@ -96,13 +96,11 @@ __device__ __forceinline__ void load_table(const table_t* row, int64_t element, 
 }
 
 // Heads one thread of the vectorized kernel rotates with the cos/sin values it loads once: the tables'
-// loads are shared by the heads of one position.
+// loads (two per x vector otherwise) are shared by the heads of one position.
 constexpr int kHeadsPerThread = 4;
 
-// The whole rotation (R = D) or GPT-J's pairs: a thread rotates pairs of vectors (j, j + R/2) of its
-// heads, or the pairs inside one vector, and copies the passed-through dims of any.
 template <typename scalar_t, typename table_t, int kWidth>
-__global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPair pair) {
+__global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   using Vector = Vec<scalar_t, kWidth * int(sizeof(scalar_t))>;
@@ -185,118 +183,33 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
   }
 }
 
-// A partial rotation (R < D, rotate_half): one thread writes one vector of each of its heads, the
-// vectors of a head row going to consecutive threads, so a warp's stores cover whole rows across the
-// rotated and passed-through dims. A rotated vector also reads its partner, x[e + R/2] or x[e - R/2]
-// (another thread's vector, from cache).
-template <typename scalar_t, typename table_t, int kWidth>
-__global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectors_kernel(RotaryPair pair) {
-  begin_dependent_kernel();
-  using opmath_t = at::opmath_type<scalar_t>;
-  constexpr int kBytes = kWidth * int(sizeof(scalar_t));
-  using Vector = Vec<scalar_t, kBytes>;
-  const BlockShare share = block_share(pair.first_blocks);
-  const RotaryProblem& p = pair.tensors[share.tensor];
-  const bool sequence_outer = pair.sequence_outer[share.tensor];
-  const uint32_t heads = p.sizes[1];
-  const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
-  const Divider& items_per_row = pair.items_per_row[share.tensor];
-  const Divider& inner = pair.inner[share.tensor];
-  const Divider& outer = pair.outer[share.tensor];
-  const uint32_t groups = (heads + kHeadsPerThread - 1) / kHeadsPerThread;
-  const uint32_t items = uint32_t(p.sizes[0] * p.sizes[2]) * groups * items_per_row.divisor;
-  const int64_t x_head = p.x_strides[1], out_head = p.out_strides[1];
-  for (int64_t item = share.block * blockDim.x + threadIdx.x; item < items; item += share.blocks * blockDim.x) {
-    const auto [row, j] = items_per_row.divmod(uint32_t(item));
-    const auto [rest, inner_index] = inner.divmod(row);
-    const auto [b, outer_index] = outer.divmod(rest);
-    const uint32_t first_head = (sequence_outer ? inner_index : outer_index) * kHeadsPerThread;
-    const uint32_t s = sequence_outer ? outer_index : inner_index;
-    const int heads_here = min(kHeadsPerThread, int(heads - first_head));
-    auto row_offset = [&](const int64_t (&strides)[4], uint32_t h) {
-      return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
-    };
-    const scalar_t* x = static_cast<const scalar_t*>(p.x) + row_offset(p.x_strides, first_head);
-    scalar_t* out = static_cast<scalar_t*>(p.out) + row_offset(p.out_strides, first_head);
-    const uint32_t e = j * kWidth;
-    Vector own[kHeadsPerThread];
-#pragma unroll
-    for (int h = 0; h < kHeadsPerThread; ++h) {
-      if (h < heads_here) own[h] = load_vec<kBytes>(x + h * x_head + e, 0);
-    }
-    if (e >= rotary_dim) {
-#pragma unroll
-      for (int h = 0; h < kHeadsPerThread; ++h) {
-        if (h < heads_here) store_vec<kBytes>(out + h * out_head + e, 0, own[h]);
-      }
-      continue;
-    }
-    const table_t* cos = static_cast<const table_t*>(p.cos) + row_offset(p.cos_strides, 0);
-    const table_t* sin = static_cast<const table_t*>(p.sin) + row_offset(p.sin_strides, 0);
-    opmath_t cos_own[kWidth], sin_used[kWidth];
-    load_table(cos, e, cos_own);
-    // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
-    // second; the transposed rotation takes sin at the partner's position and the other signs.
-    const bool first_half = e < half;
-    const uint32_t partner = first_half ? e + half : e - half;
-    load_table(sin, p.transposed ? partner : e, sin_used);
-    const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
-    Vector other[kHeadsPerThread];
-#pragma unroll
-    for (int h = 0; h < kHeadsPerThread; ++h) {
-      if (h < heads_here) other[h] = load_vec<kBytes>(x + h * x_head + partner, 0);
-    }
-#pragma unroll
-    for (int h = 0; h < kHeadsPerThread; ++h) {
-      if (h >= heads_here) continue;
-      opmath_t a[kWidth], c[kWidth];
-      unpack_vec(own[h], a);
-      unpack_vec(other[h], c);
-#pragma unroll
-      for (int i = 0; i < kWidth; ++i) a[i] = a[i] * cos_own[i] + sign * (c[i] * sin_used[i]);
-      store_vec<kBytes>(out + h * out_head + e, 0, pack_vec<scalar_t, kBytes>(a));
-    }
-  }
-}
-
-// Vectors of a (b, s, head group) row that the plan's kernel gives a thread each.
-int64_t rotary_items_per_row(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
-  if (plan.whole_vectors) return p.sizes[3] / plan.vector_elements;
-  const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
-  return (rotated + p.sizes[3] - p.rotary_dim) / plan.vector_elements;
-}
-
-int64_t rotary_items(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
-  if (plan.vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
+int64_t rotary_items(const RotaryProblem& p, int vector_elements) {
+  if (vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
   const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
-  return p.sizes[0] * p.sizes[2] * groups * rotary_items_per_row(p, plan);
+  const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
+  return p.sizes[0] * p.sizes[2] * groups * (rotated / vector_elements + (p.sizes[3] - p.rotary_dim) / vector_elements);
 }
 
-// The plan's kernel and width (templates, so the widths a dtype cannot have are never built).
+// The kernel for `vector_elements` (a template, so the widths a dtype cannot have are never built).
 template <typename scalar_t, typename table_t>
-void launch_rotary(const RotaryLaunchPlan& plan, unsigned int blocks, cudaStream_t stream, const RotaryPair& pair) {
+void launch_rotary(int vector_elements, unsigned int blocks, cudaStream_t stream, const RotaryPair& pair) {
   auto launch = [&](auto kernel) {
     launch_kernel(kernel, blocks, kThreadsPerBlock, 0, stream, pair);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  auto launch_width = [&](auto width) {
-    constexpr int kWidth = decltype(width)::value;
-    if (plan.whole_vectors) return launch(rotary_vectors_kernel<scalar_t, table_t, kWidth>);
-    return launch(rotary_pairs_kernel<scalar_t, table_t, kWidth>);
-  };
-  switch (plan.vector_elements) {
+  switch (vector_elements) {
     case 1:
       return launch(rotary_strided_kernel<scalar_t, table_t>);
     case 2:
-      return launch_width(std::integral_constant<int, 2>{});
+      return launch(rotary_vectorized_kernel<scalar_t, table_t, 2>);
     case 4:
-      if constexpr (sizeof(scalar_t) <= 4) return launch_width(std::integral_constant<int, 4>{});
+      if constexpr (sizeof(scalar_t) <= 4) return launch(rotary_vectorized_kernel<scalar_t, table_t, 4>);
       break;
     case 8:
-      if constexpr (sizeof(scalar_t) <= 2) return launch_width(std::integral_constant<int, 8>{});
+      if constexpr (sizeof(scalar_t) <= 2) return launch(rotary_vectorized_kernel<scalar_t, table_t, 8>);
       break;
   }
-  TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", plan.vector_elements, "-element vectors");
+  TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", vector_elements, "-element vectors");
 }
 
 void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::ScalarType table_dtype) {
@@ -307,7 +220,8 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
     if (plan.vector_elements > 1) {
       for (int t = 0; t < 2; ++t) {
         const RotaryProblem& problem = problems[t];
-        const int64_t per_row = rotary_items_per_row(problem, plan);
+        const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+        const int64_t per_row = (rotated + problem.sizes[3] - problem.rotary_dim) / plan.vector_elements;
         const int64_t groups = (problem.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread, sequence = problem.sizes[2];
         pair.items_per_row[t] = Divider(std::max<int64_t>(1, per_row));
         pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? groups : sequence));
@@ -315,11 +229,11 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
       }
     }
     // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.
-    const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan)), 1u << 29);
-    const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan)), 1u << 29);
+    const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan.vector_elements)), 1u << 29);
+    const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan.vector_elements)), 1u << 29);
     pair.first_blocks = first_blocks;
     const unsigned int blocks = first_blocks + second_blocks;
-    launch_rotary<scalar_t, weight_t>(plan, blocks, stream, pair);
+    launch_rotary<scalar_t, weight_t>(plan.vector_elements, blocks, stream, pair);
   });
 }
 
