@@ -60,9 +60,9 @@ def test_swaps_each_kind_and_logs_it(family, caplog):
             kinds[kind] = kinds.get(kind, 0) + 1
     assert sum(isinstance(m, fused_ops.nn.RMSNorm) for m in fused.modules()) == 5 + (4 if family == "qwen3" else 0)
     assert sum(type(m).__name__ == "FusedGatedMLP" for m in fused.modules()) == 2
-    assert kinds == {"rope": 2, "residual_norm": 2, "cross_entropy": 1}
+    assert kinds == {"rope": 2, "residual_norm": 2, "cross_entropy": 1, "causal_mask": 1}
     lines = [r.getMessage() for r in caplog.records if r.name == "fused_ops"]
-    assert len(lines) == 5 and all(line.startswith("fused_ops.fuse: ") for line in lines)
+    assert len(lines) == 6 and all(line.startswith("fused_ops.fuse: ") for line in lines)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -83,6 +83,38 @@ def test_same_loss_logits_and_gradients(family, device):
         torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=name)
     with torch.no_grad():
         torch.testing.assert_close(fused(input_ids=ids).logits, stock(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_plain_causal_attention_needs_no_mask_while_tracing(family, monkeypatch):
+    """While torch.compile traces, transformers materialises the causal mask; the fused base model
+    leaves the plain causal case to SDPA's is_causal, and keeps the mask where padding, positions
+    (packed sequences) or a filled cache make it more than causal."""
+    stock, fused = stock_and_fused(family, "cpu")
+    monkeypatch.setattr(transformers.masking_utils, "is_tracing", lambda *args, **kwargs: True)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        calls.append((attn_mask is None, is_causal))
+        return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12))
+    padding = torch.ones(2, 12, dtype=torch.long)
+    padding[1, :4] = 0
+    for kwargs, plain in ((dict(labels=ids), True), (dict(labels=ids, use_cache=False), True),
+                          (dict(attention_mask=padding), False), (dict(position_ids=torch.arange(12)[None]), False)):
+        results = {}
+        for name, model in (("stock", stock), ("fused", fused)):
+            calls.clear()
+            with torch.no_grad():
+                results[name] = model(input_ids=ids, **kwargs)
+            expected = (True, True) if name == "fused" and plain else (False, False)
+            assert calls == [expected] * SIZES["num_hidden_layers"], (name, kwargs)
+        if "labels" in kwargs:
+            torch.testing.assert_close(results["fused"].loss, results["stock"].loss, rtol=1e-5, atol=1e-5)
+        else:
+            torch.testing.assert_close(results["fused"].logits, results["stock"].logits, rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_fused_model_matches_stock(device):

@@ -271,6 +271,75 @@ def _fuse_residual_norms(model, fusion):
             _swap_class(module, _decoder_layer_forward, "residual_norm")
 
 
+# ---- Causal attention without a materialized mask
+
+def _plain_causal_mask(create_causal_mask):
+    """transformers' create_causal_mask, returning None (SDPA's is_causal) for the plain causal case of a
+    forward given neither a padding mask nor positions, with no cache or an empty DynamicCache: while
+    torch.compile traces, transformers materialises that mask (it cannot look at the data to rule out
+    padding), and SDPA with an explicit mask is slower and no longer skips the masked-out half."""
+    def create(config, inputs_embeds, attention_mask, past_key_values, position_ids=None, **kwargs):
+        fresh = past_key_values is None or (type(past_key_values).__name__ == "DynamicCache"
+                                            and past_key_values.get_seq_length() == 0)
+        if (attention_mask is None and fresh and not any(v is not None for v in kwargs.values())
+                and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
+                and not torch.compiler.is_exporting()):
+            return None
+        return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
+                                  past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+    return create
+
+
+def _with_global(function, name, value):
+    """A copy of `function`, and of each decorator's wrapper around it, whose global `name` is `value`
+    (None where a wrapper does not hold the function it wraps in its closure)."""
+    inner = getattr(function, "__wrapped__", None)
+    if inner is None:
+        namespace = dict(function.__globals__)
+        namespace[name] = value
+        copied = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
+                                    function.__closure__)
+    else:
+        copied_inner = _with_global(inner, name, value)
+        cells = function.__closure__ or ()
+
+        def holds_inner(cell):
+            try:
+                return cell.cell_contents is inner
+            except ValueError:  # an empty cell
+                return False
+        if copied_inner is None or not any(holds_inner(cell) for cell in cells):
+            return None
+        closure = tuple(types.CellType(copied_inner) if holds_inner(cell) else cell for cell in cells)
+        copied = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                    closure)
+    copied.__kwdefaults__ = function.__kwdefaults__
+    copied.__dict__.update(function.__dict__)
+    if inner is not None:
+        copied.__wrapped__ = copied_inner
+    return copied
+
+
+def _fuse_causal_masks(model, fusion):
+    for module in model.modules():
+        forward = type(module).forward
+        if "create_causal_mask" not in _code_names(forward) or getattr(module, "_fused_ops_kind", None):
+            continue
+        create = _innermost(forward).__globals__.get("create_causal_mask")
+        plain = _with_global(forward, "create_causal_mask", _plain_causal_mask(create)) if create else None
+        if plain is None:
+            fusion.leave("causal_mask", module, "its forward's decorators or create_causal_mask are not recognised")
+            continue
+
+        def choose(self, *args, _plain=plain, _forward=forward, **kwargs):
+            # Positions given may describe packed sequences, whose mask is not the plain causal one.
+            if args[1:] or kwargs.get("position_ids") is not None or kwargs.get("attention_mask") is not None:
+                return _forward(self, *args, **kwargs)
+            return _plain(self, *args, **kwargs)
+        fusion.swap("causal_mask", module)
+        _swap_class(module, choose, "causal_mask")
+
+
 # ---- The LM head + loss of a causal LM given labels
 
 def _causal_lm_forward_with(output_class):
@@ -327,18 +396,21 @@ _KINDS = {"norm": "norms over the last dim -> fused_ops.nn.RMSNorm / LayerNorm",
           "bias_gelu": "projection bias + GELU -> bias_gelu",
           "rope": "rotary embedding in the attention -> rotary_embedding",
           "residual_norm": "residual add + post-attention RMSNorm -> add_rms_norm",
-          "cross_entropy": "LM head + loss given labels -> linear_cross_entropy (no logits returned)"}
+          "cross_entropy": "LM head + loss given labels -> linear_cross_entropy (no logits returned)",
+          "causal_mask": "plain causal attention -> SDPA's is_causal, no materialized mask (also under torch.compile)"}
 
 
 def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: bool = True,
-         residual_norms: bool = True, cross_entropy: bool = True) -> torch.nn.Module:
+         residual_norms: bool = True, cross_entropy: bool = True, causal_mask: bool = True) -> torch.nn.Module:
     """Swaps, in place, the modules of `model` that fused ops replace, and returns it.
 
     Recognised: torch.nn.RMSNorm and LayerNorm over the last dim; Hugging Face Llama, Mistral, Qwen2,
     Qwen3 (and models that reuse their modules): RMSNorm classes, the SwiGLU MLP (gate and up merged
     into one projection feeding silu_mul), rotary embedding in the attention, the decoder layer's
     residual add + post-attention norm (add_rms_norm), and the causal-LM head + loss when the forward is
-    given labels (linear_cross_entropy: `logits` is then None, as with Liger-Kernel); GPT-2's MLP and
+    given labels (linear_cross_entropy: `logits` is then None, as with Liger-Kernel); `causal_mask`: the
+    base model's causal mask is left to SDPA's is_causal when a forward has no padding mask, no positions
+    and no cache yet, under torch.compile too (transformers materialises it while tracing); GPT-2's MLP and
     BERT's intermediate layer (bias + exact GELU -> bias_gelu). Parameters are shared, not copied, and
     the state dict keeps its keys, shapes and values, so checkpoints load either way. Logs one line
     per kind swapped (logger "fused_ops"); a model with nothing to fuse comes back unchanged with a
@@ -356,6 +428,8 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
         _fuse_norms(model, fusion)
     if residual_norms:
         _fuse_residual_norms(model, fusion)
+    if causal_mask:
+        _fuse_causal_masks(model, fusion)
     if not fusion.swapped:
         warnings.warn(f"fused_ops.fuse: nothing to fuse in {type(model).__name__}; returned unchanged", stacklevel=2)
         return model
