@@ -3,7 +3,9 @@
 // trace them and gradients work in a C++ process too.
 #include <numeric>
 
+#include "../ops/activations/silu_mul_linear.h"
 #include "../ops/norms/norm.h"
+#include "checks.h"
 #include "autograd.h"
 
 namespace fused_ops {
@@ -23,6 +25,10 @@ const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> bias_gelu_op{"fuse
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, StringOption)> bias_gelu_backward_op{"fused::bias_gelu_backward"};
 const FusedOp<at::Tensor(TensorRef)> silu_mul_op{"fused::silu_mul"};
 const FusedOp<at::Tensor(TensorRef, TensorRef)> silu_mul_backward_op{"fused::silu_mul_backward"};
+using GradientMask = std::array<bool, 3>;
+const FusedOp<at::Tensor(TensorRef, TensorRef, const OptionalTensor&)> silu_mul_linear_op{"fused::silu_mul_linear"};
+const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, GradientMask)> silu_mul_linear_backward_op{
+    "fused::silu_mul_linear_backward"};
 const FusedOp<at::Tensor(TensorRef, StringOption)> gelu_mul_op{"fused::gelu_mul"};
 const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> gelu_mul_backward_op{"fused::gelu_mul_backward"};
 const FusedOp<at::Tensor(TensorRef, TensorRef, double)> rms_norm_op{"fused::rms_norm"};
@@ -38,7 +44,6 @@ const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bo
     "fused::rotary_embedding"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_backward_op{
     "fused::rotary_embedding_backward"};
-using GradientMask = std::array<bool, 3>;
 const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double, StringOption, double)>
     linear_cross_entropy_op{"fused::linear_cross_entropy"};
 const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
@@ -166,6 +171,26 @@ class GeluMulFunction : public GatedFunction<GeluMulFunction> {
   }
 };
 
+// silu_mul_linear saves x and the weight, not the activation: the backward op recomputes it.
+class SiluMulLinearFunction : public torch::autograd::Function<SiluMulLinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const OptionalTensor& bias) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["bias_needs_grad"] = requires_grad(bias);  // an absent bias has no input slot to ask
+    return silu_mul_linear_op(x, weight, bias);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const GradientMask mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1),
+                               ctx->saved_data["bias_needs_grad"].toBool()};
+    auto [grad_x, grad_weight, grad_bias] = silu_mul_linear_backward_op(grad_outputs[0], saved[0], saved[1], mask);
+    return {mask[0] ? grad_x : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), mask[2] ? grad_bias : at::Tensor()};
+  }
+};
+
 // Backward ops of the activations. Recording a graph through them (double backward) runs the same
 // math as differentiable aten ops (gelu_backward has a derivative of its own);
 // otherwise the fused kernel runs below autograd.
@@ -188,6 +213,16 @@ at::Tensor silu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
     return at::cat({grad * halves[1] * silu_derivative, grad * halves[0] * sigmoid}, -1);
   }
   return silu_mul_backward_op.below_autograd(grad, x);
+}
+
+// Recording a graph (double backward): the same composition above autograd, of differentiable ops.
+ThreeTensors silu_mul_linear_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
+                                               GradientMask output_mask) {
+  if (records_gradient(grad, x, weight)) {
+    check_silu_mul_linear_backward_arguments(grad, x, weight);
+    return silu_mul_linear_backward(grad, x, weight, output_mask);
+  }
+  return silu_mul_linear_backward_op.below_autograd(grad, x, weight, output_mask);
 }
 
 at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
@@ -473,6 +508,8 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
   m.impl("silu_mul", &AutogradKernel<SiluMulFunction, silu_mul_op>::call);
   m.impl("silu_mul_backward", &silu_mul_backward_autograd);
+  m.impl("silu_mul_linear", &AutogradKernel<SiluMulLinearFunction, silu_mul_linear_op>::call);
+  m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_autograd);
   m.impl("gelu_mul", &AutogradKernel<GeluMulFunction, gelu_mul_op>::call);
   m.impl("gelu_mul_backward", &gelu_mul_backward_autograd);
   m.impl("rms_norm", &AutogradKernel<RmsNormFunction, rms_norm_op>::call);

@@ -119,6 +119,34 @@ void check_gated_backward_arguments(const char* op, const at::Tensor& grad, cons
               ": expected grad of shape ", c10::SymIntArrayRef(expected), ", but got ", grad.sym_sizes());
 }
 
+void check_silu_mul_linear_arguments(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias) {
+  check_gated_arguments(op, x);
+  check_same_dtype(op, "weight", weight, "x", x);
+  check_same_device(op, "weight", weight, "x", x);
+  TORCH_CHECK(weight.dim() == 2 && weight.sym_size(1) * 2 == x.sym_size(-1), "fused::", op,
+              ": expected weight of shape [n, x.size(-1) / 2 = ", x.sym_size(-1) / 2, "] (as nn.Linear stores it), "
+              "but got shape ", weight.sym_sizes());
+  if (bias.has_value() && bias->defined()) {
+    check_same_dtype(op, "bias", *bias, "x", x);
+    check_same_device(op, "bias", *bias, "x", x);
+    TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), "fused::", op,
+                ": expected bias to be 1-D of size weight.size(0) = ", weight.sym_size(0), ", but got shape ",
+                bias->sym_sizes());
+  }
+}
+
+void check_silu_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight) {
+  constexpr const char* op = "silu_mul_linear_backward";
+  check_silu_mul_linear_arguments(op, x, weight, std::nullopt);
+  check_same_dtype(op, "grad", grad, "x", x);
+  check_same_device(op, "grad", grad, "x", x);
+  std::vector<c10::SymInt> expected = x.sym_sizes().vec();
+  expected.back() = weight.sym_size(0);
+  TORCH_CHECK(grad.sym_sizes() == c10::SymIntArrayRef(expected), "fused::", op, ": expected grad of shape ",
+              c10::SymIntArrayRef(expected), " (x's leading dims, weight.size(0)), but got ", grad.sym_sizes());
+}
+
 namespace {
 
 void check_norm_parameter(const char* op, const char* arg, const at::Tensor& parameter, const at::Tensor& x) {

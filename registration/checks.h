@@ -36,6 +36,9 @@ void check_bias_gelu_backward_arguments(const at::Tensor& grad, const at::Tensor
 void check_gated_arguments(const char* op, const at::Tensor& x);
 // grad [..., d] for x [..., 2d].
 void check_gated_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x);
+void check_silu_mul_linear_arguments(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias);
+void check_silu_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight);
 
 // Norms: x [..., H] (at least 1-D); residual like x; weight and bias 1-D of size H with x's dtype,
 // or float32 for 16-bit x; eps >= 0.

@@ -4,6 +4,7 @@
 // backend's kernel. Each dispatch key's file instantiates these with its kernels.
 #include <ATen/ATen.h>
 
+#include "../ops/activations/silu_mul_linear.h"
 #include "checks.h"
 
 namespace fused_ops {
@@ -160,6 +161,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_ent
                                            label_smoothing, reduction, softcap);
   check_linear_cross_entropy_grad_loss(grad_loss, input, target, options);
   return Kernels::backward(grad_loss, input, weight, target, bias, options, output_mask);
+}
+
+// silu_mul_linear has one implementation for every backend (the composite registration).
+inline at::Tensor silu_mul_linear_entry(const at::Tensor& x, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& bias) {
+  check_silu_mul_linear_arguments("silu_mul_linear", x, weight, bias);
+  return silu_mul_linear(x, weight, bias);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> silu_mul_linear_backward_entry(const at::Tensor& grad,
+                                                                                     const at::Tensor& x,
+                                                                                     const at::Tensor& weight,
+                                                                                     std::array<bool, 3> output_mask) {
+  check_silu_mul_linear_backward_arguments(grad, x, weight);
+  return silu_mul_linear_backward(grad, x, weight, output_mask);
 }
 
 }  // namespace fused_ops

@@ -22,6 +22,13 @@ TORCH_LIBRARY(fused, m) {
   m.def("silu_mul(Tensor x) -> Tensor", tags);
   // The gradient of silu_mul w.r.t. x, shaped like x.
   m.def("silu_mul_backward(Tensor grad, Tensor x) -> Tensor", tags);
+  // F.linear(silu_mul(x), weight, bias) for x [..., 2d], weight [n, d], bias [n]: a SwiGLU MLP's down
+  // projection whose autograd node saves x, not the activation (recomputed by the backward).
+  m.def("silu_mul_linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor", tags);
+  // The gradients of silu_mul_linear where output_mask says (x, weight, bias); the others are undefined.
+  m.def("silu_mul_linear_backward(Tensor grad, Tensor x, Tensor weight, bool[3] output_mask) -> "
+        "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
+        tags);
   // gelu(x[..., :d], approximate) * x[..., d:] for x [..., 2d] (GeGLU).
   m.def("gelu_mul(Tensor x, str approximate='none') -> Tensor", tags);
   // The gradient of gelu_mul w.r.t. x, shaped like x.

@@ -187,6 +187,38 @@ def linear_cross_entropy_on_dtensors(device):
                 torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
 
 
+def silu_mul_linear_on_dtensors(device):
+    """silu_mul_linear on rows sharded on each leading dim (weight replicated) and on a replicated x
+    with the weight sharded on its output rows: the placements its rules give, with no communication,
+    and values and gradients against the full tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2 * ranks, 3 * ranks, 8, generator=generator, dtype=torch.float64).to(device)
+    weight = torch.randn(5 * ranks, 4, generator=generator, dtype=torch.float64).to(device)
+    bias = torch.randn(5 * ranks, generator=generator, dtype=torch.float64).to(device)
+    leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+    expected = fused_ops.silu_mul_linear(*leaves)
+    grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    layouts = [([Shard(0)], [Replicate()], [Shard(0)]), ([Shard(1)], [Replicate()], [Shard(1)]),
+               ([Replicate()], [Shard(0)], [Shard(2)])]
+    for x_placement, weight_placement, out_placement in layouts:
+        inputs = [distribute_tensor(x, mesh, x_placement).requires_grad_(True),
+                  distribute_tensor(weight, mesh, weight_placement).requires_grad_(True),
+                  distribute_tensor(bias, mesh, weight_placement).requires_grad_(True)]
+        out = fused_ops.silu_mul_linear(*inputs)
+        assert list(out.placements) == out_placement, out.placements
+        torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(out, inputs, distribute_tensor(grad, mesh, out.placements))
+        for value, want in zip(got, expected_grads):
+            torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def runs_locally(spec, dim, ndim):
     """Whether the op's rule runs x sharded on `dim` with no communication: every dim for the
     elementwise ops and bias_gelu, every dim but the last for the gated ops and the norms."""

@@ -66,12 +66,18 @@ def test_cuda_arch_list_names_the_build_targets():
 
 
 def test_every_op_has_every_kernel():
-    """Every schema of the `fused` namespace, forward and backward ops alike, has a CPU, Meta and
-    Autograd kernel, and a CUDA kernel in a CUDA build."""
+    """Every schema of the `fused` namespace, forward and backward ops alike, has an Autograd kernel and
+    a CPU, Meta and (in a CUDA build) CUDA kernel, or one composite kernel that serves every backend
+    (registration/composite.cpp)."""
     ops = sorted({schema.name for schema in torch._C._jit_get_all_schemas() if schema.name.startswith("fused::")})
     assert len(ops) >= 16
+    composites = [op for op in ops if torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")]
+    assert composites == ["fused::silu_mul_linear", "fused::silu_mul_linear_backward"]
     for op in ops:
-        for key in ("CPU", "Meta", "Autograd"):
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd"), op
+        if op in composites:
+            continue
+        for key in ("CPU", "Meta"):
             assert torch._C._dispatch_has_kernel_for_dispatch_key(op, key), (op, key)
         if fused_ops.cuda_kernels_compiled():
             assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"), op

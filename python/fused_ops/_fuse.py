@@ -140,7 +140,12 @@ class FusedGatedMLP(torch.nn.Module):
         self.register_load_state_dict_pre_hook(FusedGatedMLP._join_state)
 
     def forward(self, x):
-        return self.down_proj(_ops.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj(x)
+        if type(self.down_proj) is torch.nn.Linear and not self.down_proj._forward_hooks \
+                and not self.down_proj._forward_pre_hooks:
+            # The activation is recomputed by the backward rather than saved (silu_mul_linear).
+            return _ops.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
+        return self.down_proj(_ops.silu_mul(gate_up))
 
     @staticmethod
     def _split_state(module, state_dict, prefix, local_metadata):
@@ -392,7 +397,7 @@ def _fuse_cross_entropy(model, fusion):
 
 
 _KINDS = {"norm": "norms over the last dim -> fused_ops.nn.RMSNorm / LayerNorm",
-          "mlp": "SwiGLU MLPs -> one gate_up projection + silu_mul",
+          "mlp": "SwiGLU MLPs -> one gate_up projection + silu_mul_linear (the activation recomputed, not saved)",
           "bias_gelu": "projection bias + GELU -> bias_gelu",
           "rope": "rotary embedding in the attention -> rotary_embedding",
           "residual_norm": "residual add + post-attention RMSNorm -> add_rms_norm",

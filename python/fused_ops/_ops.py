@@ -8,6 +8,7 @@ from torch import Tensor
 _relu_add = torch.ops.fused.relu_add.default
 _bias_gelu = torch.ops.fused.bias_gelu.default
 _silu_mul = torch.ops.fused.silu_mul.default
+_silu_mul_linear = torch.ops.fused.silu_mul_linear.default
 _gelu_mul = torch.ops.fused.gelu_mul.default
 _rms_norm = torch.ops.fused.rms_norm.default
 _add_rms_norm = torch.ops.fused.add_rms_norm.default
@@ -37,6 +38,15 @@ def bias_gelu(x: Tensor, bias: Tensor, approximate: str = "none") -> Tensor:
 def silu_mul(x: Tensor) -> Tensor:
     """`silu(x[..., :d]) * x[..., d:]` for `x` of shape `[..., 2d]` (SwiGLU gate-up layout)."""
     return _silu_mul(x)
+
+
+def silu_mul_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """`F.linear(silu_mul(x), weight, bias)` for `x` [..., 2d] and `weight` [n, d] (a SwiGLU MLP's
+    down projection). Its autograd node saves `x`, not the [..., d] activation, which the backward
+    recomputes: one pass over `x` for the activation's memory between forward and backward.
+    Differentiable in `x`, `weight` and `bias`.
+    """
+    return _silu_mul_linear(x, weight, bias)
 
 
 def gelu_mul(x: Tensor, approximate: str = "none") -> Tensor:

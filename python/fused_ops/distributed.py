@@ -7,6 +7,8 @@ halves, is gathered on that dim first).
 
 - Elementwise and activation ops follow their input's sharding on any dim; the gated ops
   (`silu_mul`, `gelu_mul`) on any dim but the last. `bias_gelu`'s bias follows x's last dim.
+  `silu_mul_linear` runs on rows sharded likewise with the weight replicated, or on a replicated x with
+  the weight (and bias) sharded on its output rows; its weight and bias gradients come out `Partial`.
 - Norms run on rows sharded on any dim but the normalised one (sequence parallel: `Shard(1)`), with
   weight and bias replicated; their weight and bias gradients come out `Partial` (a sum over the rows
   each rank holds).
@@ -123,6 +125,30 @@ def _gated_rules(*tensors, options=0):
     return rules
 
 
+def _silu_mul_linear_rules(x, weight, bias=None):
+    """Rows sharded on any dim but the gated last one with the weight replicated, or the weight's output
+    rows sharded (column parallel: the output sharded on its last dim) with x replicated."""
+    _, Replicate, Shard = _placements()
+    has_bias = bias is not None
+    rules = [([Replicate()], [Replicate(), Replicate(), Replicate() if has_bias else None])]
+    rules += [([Shard(d)], [Shard(d), Replicate(), Replicate() if has_bias else None]) for d in _row_dims(x)]
+    rules.append(([Shard(x.ndim - 1)], [Replicate(), Shard(0), Shard(0) if has_bias else None]))
+    return rules
+
+
+def _silu_mul_linear_backward_rules(grad, x, weight, output_mask):
+    """Rows sharded alike in grad and x: x's gradient sharded so, the weight's and bias's Partial;
+    gradients not asked for are empty, replicated."""
+    Partial, Replicate, Shard = _placements()
+
+    def outputs(grad_x, parameter_gradient):
+        return [placement if asked else Replicate()
+                for placement, asked in zip((grad_x, parameter_gradient, parameter_gradient), output_mask)]
+    rules = [(outputs(Replicate(), Replicate()), [Replicate(), Replicate(), Replicate(), None])]
+    rules += [(outputs(Shard(d), Partial()), [Shard(d), Shard(d), Replicate(), None]) for d in _row_dims(x)]
+    return rules
+
+
 def _norm_rules(x, *others, outputs, gradients=0):
     """A norm: `others` are its residual-like inputs (sharded like x; None where absent) followed by
     its parameters (replicated; None where absent) as (spec, is_parameter) pairs; non-tensor
@@ -215,6 +241,8 @@ def _register_once():
     rule(ops.bias_gelu_backward)(_bias_gelu_backward_rules)
     rule(ops.silu_mul)(lambda x: _gated_rules(x))
     rule(ops.silu_mul_backward)(lambda grad, x: _gated_rules(grad, x))
+    rule(ops.silu_mul_linear)(_silu_mul_linear_rules)
+    rule(ops.silu_mul_linear_backward)(_silu_mul_linear_backward_rules)
     rule(ops.gelu_mul)(lambda x, approximate="none": _gated_rules(x, options=1))
     rule(ops.gelu_mul_backward)(lambda grad, x, approximate="none": _gated_rules(grad, x, options=1))
     rule(ops.rms_norm)(lambda x, weight, eps=1e-6: _norm_rules(

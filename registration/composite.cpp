@@ -1,0 +1,12 @@
+// The ops with one implementation for every backend (CPU, CUDA and Meta alike): compositions of
+// other registered ops and ATen's, below autograd (registration/autograd.cpp holds their nodes).
+#include <torch/library.h>
+
+#include "entry_points.h"
+
+using namespace fused_ops;
+
+TORCH_LIBRARY_IMPL(fused, CompositeExplicitAutograd, m) {
+  m.impl("silu_mul_linear", &silu_mul_linear_entry);
+  m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_entry);
+}
