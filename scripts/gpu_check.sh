@@ -8,7 +8,9 @@
 #   runs each tool's tests in N pytest-xdist workers. The tools run at once, spread round-robin over
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 #   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool.
-#   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection, TEST_SHARD=k/n the
+#   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection (logs
+#   sanitizer_TOOL_k-of-n.log; every step ends with scripts/sanitizer_table.py's tool x op table of all
+#   the logs in OUTDIR, sanitizer_table.md), TEST_SHARD=k/n the
 #   k-th of n parts of the test suite (TEST_WORKERS pytest-xdist workers, default 8): a run longer than
 #   one sitting splits into n runs.
 #   The test step includes the slow tests (FUSED_OPS_SLOW=1: huge tensors, long determinism runs).
@@ -77,6 +79,8 @@ if step sanitizer; then
   visible="${CUDA_VISIBLE_DEVICES:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)}"
   gpus=(${SANITIZER_GPUS:-${visible//,/ }})
   [ ${#gpus[@]} -gt 0 ] || gpus=(0)
+  shard_suffix=""
+  [ -n "${SANITIZER_SHARD:-}" ] && shard_suffix="_${SANITIZER_SHARD/\//-of-}"
   tool_index=0
   for tool in $tools; do
     gpu="${gpus[$((tool_index % ${#gpus[@]}))]}"
@@ -98,15 +102,16 @@ if step sanitizer; then
     FUSED_OPS_TEST_SHARD="${SANITIZER_SHARD:-}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
       ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider -x \
       ${workers[@]+"${workers[@]}"} ${timeout[@]+"${timeout[@]}"} -k "$tool_selection" \
-      > "$OUTDIR/sanitizer_$tool.log" 2>&1 &
+      > "$OUTDIR/sanitizer_$tool$shard_suffix.log" 2>&1 &
   done
   for job in $(jobs -p); do wait "$job" || status=1; done
   for tool in $tools; do
-    echo "[gpu_check] compute-sanitizer --tool $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUTDIR/sanitizer_$tool.log" | tail -n 1); $(grep -E "passed|failed" "$OUTDIR/sanitizer_$tool.log" | tail -n 1)" \
-      | tee -a "$OUTDIR/sanitizer.log"
-    cat "$OUTDIR/sanitizer_$tool.log" >> "$OUTDIR/sanitizer.log"
-    rm -f "$OUTDIR/sanitizer_$tool.log"
+    log="$OUTDIR/sanitizer_$tool$shard_suffix.log"
+    echo "[gpu_check] compute-sanitizer --tool $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1); $(grep -E "passed|failed" "$log" | tail -n 1)"
   done
+  # The tool x op table over every log in OUTDIR (the shards of earlier runs into it included); a
+  # report counts against the test that was running, exact for serial runs (no SANITIZER_WORKERS).
+  "$PY" scripts/sanitizer_table.py "$OUTDIR"/sanitizer_*.log --markdown "$OUTDIR/sanitizer_table.md" || status=1
 fi
 echo "[gpu_check] done, status $status"
 exit $status

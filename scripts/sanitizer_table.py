@@ -1,0 +1,116 @@
+"""The tool x op table of compute-sanitizer runs over the CUDA tests: for each tool and op, the tests
+run and passed and the errors (racecheck: hazards) the tool reported while they ran.
+
+    python scripts/sanitizer_table.py OUTDIR/sanitizer_memcheck*.log ... [--markdown FILE]
+
+Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest -v` under
+`compute-sanitizer --tool TOOL`, named sanitizer_TOOL[...].log as scripts/gpu_check.sh writes them.
+A report is counted against the test whose result line follows it, so the runs must be serial (no
+pytest-xdist workers, whose output interleaves). A test's op is the op name its id carries (the
+registry's tests are parametrized by op); tests of every op at once count under "all ops". The
+schemas' names come from registration/schemas.cpp.
+"""
+import argparse
+import collections
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULT = re.compile(r"^(tests/\S+::\S+)\s+(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
+# pytest-xdist's -v lines: counted, with reports only roughly attributed (the workers interleave).
+WORKER_RESULT = re.compile(r"^\[gw\d+\] \[\s*\d+%\] (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+::\S+)")
+SUMMARY = re.compile(r"^========= (ERROR SUMMARY|RACECHECK SUMMARY|LEAK SUMMARY|COMPUTE-SANITIZER)")
+REPORT = re.compile(r"^========= \S")  # the first line of one report; its details are indented
+
+
+def op_names(schemas=os.path.join(ROOT, "registration", "schemas.cpp")):
+    """The forward ops' names, longest first (so silu_mul_linear wins over silu_mul)."""
+    names = set(re.findall(r'm\.def\("(\w+)\(', open(schemas).read()))
+    forward = {name for name in names if not name.endswith(("_backward", "_backward_masked"))}
+    return sorted(forward, key=len, reverse=True)
+
+
+def op_of(test_id, ops):
+    for op in ops:
+        if re.search(rf"(?<![a-z]){op}(?![a-z])", test_id):
+            return op
+    return "all ops"
+
+
+def tool_of(path):
+    match = re.match(r"sanitizer_([a-z]+)", os.path.basename(path))
+    if not match:
+        raise SystemExit(f"{path}: expected a log named sanitizer_TOOL[...].log")
+    return match.group(1)
+
+
+def parse(path, ops):
+    """{op: Counter(tests, passed, failed, reports)} of one log, and the tool's own error total."""
+    rows = collections.defaultdict(collections.Counter)
+    pending = 0
+    total = 0
+    for line in open(path, errors="replace"):
+        line = line.rstrip("\n")
+        summary = SUMMARY.match(line)
+        if summary:
+            found = re.search(r"(\d+) (error|hazard)", line)
+            total += int(found.group(1)) if found else 0
+            continue
+        if REPORT.match(line):
+            pending += 1
+            continue
+        result = RESULT.match(line)
+        worker_result = WORKER_RESULT.match(line)
+        if result or worker_result:
+            test_id, outcome = result.groups() if result else reversed(worker_result.groups())
+            counts = rows[op_of(test_id, ops)]
+            counts["tests"] += 1
+            counts["passed"] += outcome in ("PASSED", "XFAIL")
+            counts["failed"] += outcome in ("FAILED", "ERROR", "XPASS")
+            counts["reports"] += pending
+            pending = 0
+    if pending:  # reported after the last result (teardown): the run's, not a test's
+        rows["all ops"]["reports"] += pending
+    return rows, total
+
+
+def table(paths, ops):
+    by_tool = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    totals = collections.Counter()
+    for path in paths:
+        tool = tool_of(path)
+        rows, total = parse(path, ops)
+        totals[tool] += total
+        for op, counts in rows.items():
+            by_tool[tool][op].update(counts)
+    lines = ["| tool | op | tests run | passed | failed | reports |", "| --- | --- | --- | --- | --- | --- |"]
+    for tool in sorted(by_tool):
+        for op in sorted(by_tool[tool], key=lambda name: (name == "all ops", name)):
+            c = by_tool[tool][op]
+            lines.append(f"| {tool} | {op} | {c['tests']} | {c['passed']} | {c['failed']} | {c['reports']} |")
+    return lines, by_tool, totals
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("logs", nargs="+")
+    parser.add_argument("--markdown", help="also write the table to this file")
+    args = parser.parse_args()
+    lines, by_tool, totals = table(args.logs, op_names())
+    print("\n".join(lines))
+    clean = True
+    for tool, rows in by_tool.items():
+        reports = sum(c["reports"] for c in rows.values())
+        failed = sum(c["failed"] for c in rows.values())
+        print(f"{tool}: {sum(c['tests'] for c in rows.values())} tests, {failed} failed, {reports} reports "
+              f"(the tool's summary: {totals[tool]})")
+        clean = clean and reports == 0 and failed == 0 and totals[tool] == 0
+    if args.markdown:
+        with open(args.markdown, "w") as file:
+            file.write("\n".join(lines) + "\n")
+    sys.exit(0 if clean else 1)
+
+
+if __name__ == "__main__":
+    main()
