@@ -5,7 +5,8 @@ Hidden 2048, intermediate 8192, 16 layers, 32 heads, 8 KV heads, vocabulary 1282
 bf16 parameters, AdamW, batch 8 x 2048 tokens (--batch, --sequence), SDPA attention. Each variant runs
 in its own process (Liger patches transformers' classes for the whole process), reporting step time,
 tokens/s, peak memory of the step, and the first step's extra time (compilation); then the one-token
-decode step of the same model, eager variants (static KV cache, the step replayed as a CUDA graph).
+decode step of the same model (static KV cache; the step, compiled for the compiled variants, replayed
+as a CUDA graph). --profile adds each variant's kernels of one step by GPU time, summed by kind.
 Results: OUT/model.json, a table on stdout, OUT/model.png, rows appended to --csv.
 
     python scripts/bench_model.py [--variants stock_eager stock_compile fused_eager fused_compile liger]
@@ -44,6 +45,26 @@ def build_model(args, variant):
     return model
 
 
+KERNEL_KINDS = [("attention", r"attention|sdpa|flash|fmha"), ("matrix products", r"gemm|nvjet|cutlass|xmma|cublas"),
+                ("fused_ops kernels", r"fused_ops"), ("optimizer", r"multi_tensor_apply|adam"),
+                ("torch.compile's kernels", r"^triton_")]
+
+
+def kernel_time_by_kind(events):
+    """GPU time of one step's kernels summed by kind (the first pattern that matches a kernel's name)."""
+    import re
+    import torch
+    totals = {}
+    for event in events:
+        if event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = next((name for name, pattern in KERNEL_KINDS if re.search(pattern, event.name, re.IGNORECASE)),
+                    "other")
+        totals[kind] = totals.get(kind, 0.0) + event.device_time_total / 1e3
+    lines = [f"{kind:<26} {ms:9.1f} ms" for kind, ms in sorted(totals.items(), key=lambda item: -item[1])]
+    return "GPU time by kind of kernel\n" + "\n".join(lines + [f"{'all':<26} {sum(totals.values()):9.1f} ms"])
+
+
 def train(args, variant):
     import torch
     model = build_model(args, variant)
@@ -69,7 +90,7 @@ def train(args, variant):
             torch.cuda.synchronize()
         table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
         with open(os.path.join(args.out, f"profile_{variant}.txt"), "w") as file:
-            file.write(table)
+            file.write(kernel_time_by_kind(profiler.events()) + "\n\n" + table)
     times = []
     for index in range(args.steps + 2):
         torch.cuda.synchronize()
@@ -87,10 +108,12 @@ def train(args, variant):
 
 def decode(args, variant):
     """One token into a static KV cache of 1024 positions after a 512-token prompt, replayed as a CUDA
-    graph of the eager step (timed eagerly where the step cannot be captured)."""
+    graph of the step, eager or compiled as the variant is (timed without a graph where the step
+    cannot be captured)."""
     import torch
     import transformers
     model = build_model(args, variant).eval()
+    step_model = torch.compile(model) if variant.endswith("compile") else model
     cache = transformers.StaticCache(config=model.config, max_cache_len=1024)
     prompt = torch.randint(0, 128256, (1, 512), device="cuda")
     token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
@@ -99,7 +122,7 @@ def decode(args, variant):
         model(input_ids=prompt, past_key_values=cache, use_cache=True)
 
         def one_token():
-            return model(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
+            return step_model(input_ids=token, past_key_values=cache, cache_position=position, use_cache=True).logits
 
         mode = "cuda_graph"
         try:
@@ -130,11 +153,10 @@ def child(args):
     result = train(args, args.child)
     import torch
     torch.cuda.empty_cache()
-    if args.child.endswith("eager"):
-        try:
-            result.update(decode(args, args.child))
-        except Exception as error:  # noqa: BLE001 - reported in the table instead of the figure
-            result["decode_error"] = f"{type(error).__name__}: {error}"[:300]
+    try:
+        result.update(decode(args, args.child))
+    except Exception as error:  # noqa: BLE001 - reported in the table instead of the figure
+        result["decode_error"] = f"{type(error).__name__}: {error}"[:300]
     print("RESULT " + json.dumps(result))
 
 
