@@ -194,6 +194,23 @@ def test_unknown_structure_is_left_alone_and_logged(caplog):
     assert any("left OddRMSNorm alone" in r.getMessage() for r in caplog.records)
 
 
+def create_causal_mask(config, mask_kind):  # a create_causal_mask whose arguments fuse does not know
+    return None
+
+
+class BaseModelOfAnotherVersion(torch.nn.Module):
+    def forward(self, x):
+        return x + (create_causal_mask(None, "causal") or 0)
+
+
+def test_causal_mask_of_unknown_arguments_is_left_alone_and_logged(caplog):
+    model = torch.nn.Sequential(BaseModelOfAnotherVersion(), torch.nn.RMSNorm(8))
+    with caplog.at_level(logging.INFO, logger="fused_ops"):
+        fused_ops.fuse(model)
+    assert type(model[0]) is BaseModelOfAnotherVersion
+    assert any("left BaseModelOfAnotherVersion alone (causal_mask)" in r.getMessage() for r in caplog.records)
+
+
 def test_gpt2_and_bert_bias_gelu(device):
     torch.manual_seed(0)
     gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=50,

@@ -5,6 +5,7 @@ uses), not by a version of a library: a module that looks different is left alon
 Face transformers is never imported here; its modules are recognised on the model given.
 """
 import collections
+import inspect
 import logging
 import sys
 import types
@@ -278,20 +279,34 @@ def _fuse_residual_norms(model, fusion):
 
 # ---- Causal attention without a materialized mask
 
+# create_causal_mask's arguments that do not change the mask from the plain causal one when None (or,
+# for allow_is_causal_skip, True); any other argument given keeps transformers' mask.
+_PLAIN_MASK_ARGUMENTS = {"config", "inputs_embeds", "input_embeds", "attention_mask", "past_key_values",
+                         "position_ids", "cache_position", "layer_idx", "allow_is_causal_skip"}
+
+
 def _plain_causal_mask(create_causal_mask):
     """transformers' create_causal_mask, returning None (SDPA's is_causal) for the plain causal case of a
     forward given neither a padding mask nor positions, with no cache or an empty DynamicCache: while
     torch.compile traces, transformers materialises that mask (it cannot look at the data to rule out
-    padding), and SDPA with an explicit mask is slower and no longer skips the masked-out half."""
-    def create(config, inputs_embeds, attention_mask, past_key_values, position_ids=None, **kwargs):
-        fresh = past_key_values is None or (type(past_key_values).__name__ == "DynamicCache"
-                                            and past_key_values.get_seq_length() == 0)
-        if (attention_mask is None and fresh and not any(v is not None for v in kwargs.values())
-                and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                and not torch.compiler.is_exporting()):
-            return None
-        return create_causal_mask(config=config, inputs_embeds=inputs_embeds, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids, **kwargs)
+    padding), and SDPA with an explicit mask is slower and no longer skips the masked-out half.
+    None where the function's parameters are not the ones this knows."""
+    try:
+        names = list(inspect.signature(create_causal_mask).parameters)
+    except (TypeError, ValueError):
+        return None
+    if not {"config", "attention_mask", "past_key_values"} <= set(names):
+        return None
+
+    def create(*args, **kwargs):
+        arguments = dict(zip(names, args), **kwargs)
+        config, cache = arguments.get("config"), arguments.get("past_key_values")
+        fresh = cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0)
+        plain = (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
+                 and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
+                 and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
+                 and not torch.compiler.is_exporting())
+        return None if plain else create_causal_mask(*args, **kwargs)
     return create
 
 
@@ -331,9 +346,11 @@ def _fuse_causal_masks(model, fusion):
         if "create_causal_mask" not in _code_names(forward) or getattr(module, "_fused_ops_kind", None):
             continue
         create = _innermost(forward).__globals__.get("create_causal_mask")
-        plain = _with_global(forward, "create_causal_mask", _plain_causal_mask(create)) if create else None
+        plain_mask = _plain_causal_mask(create) if create else None
+        plain = _with_global(forward, "create_causal_mask", plain_mask) if plain_mask else None
         if plain is None:
-            fusion.leave("causal_mask", module, "its forward's decorators or create_causal_mask are not recognised")
+            fusion.leave("causal_mask", module, "its forward's decorators or create_causal_mask's arguments are not "
+                         "recognised")
             continue
 
         def choose(self, *args, _plain=plain, _forward=forward, **kwargs):
