@@ -86,6 +86,25 @@ def test_same_loss_logits_and_gradients(family, device):
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
+def test_autocast_training_step_of_float32_parameters(family, device):
+    """Mixed precision as usually trained: float32 parameters under torch.autocast(bfloat16). The fused
+    model takes the products in autocast's dtype as nn.Linear does, and adds the attention's bfloat16
+    output to the float32 residual stream as the stock layer does."""
+    stock, fused = stock_and_fused(family, device)
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), device=device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=2e-3, atol=2e-3)
+    want.loss.backward()
+    got.loss.backward()
+    expected = dict(stock.named_parameters())
+    for name, grad in gradients_by_stock_name(fused).items():
+        assert grad.dtype == torch.float32, name
+        largest = expected[name].grad.abs().max().item()
+        torch.testing.assert_close(grad, expected[name].grad, rtol=0, atol=4e-2 * largest, msg=name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
 def test_plain_causal_attention_needs_no_mask_while_tracing(family, monkeypatch):
     """While torch.compile traces, transformers materialises the causal mask; the fused base model
     leaves the plain causal case to SDPA's is_causal, and keeps the mask where padding, positions

@@ -119,6 +119,16 @@ def _fuse_norms(model, fusion):
 
 # ---- The gated MLP: gate and up in one projection feeding silu_mul
 
+def _as_autocast_runs_linear(x, weight, bias):
+    """x, weight and bias in the dtype autocast gives nn.Linear's product on x's device (unchanged outside
+    autocast): the fused ops that hold a product take their operands in one dtype."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)
+
+
 class FusedGatedMLP(torch.nn.Module):
     """`down_proj(silu(gate_proj(x)) * up_proj(x))` with gate_proj and up_proj merged into one
     projection of 2 * intermediate outputs (gate rows first) feeding `silu_mul`. Its state dict has the
@@ -142,11 +152,13 @@ class FusedGatedMLP(torch.nn.Module):
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        if type(self.down_proj) is torch.nn.Linear and not self.down_proj._forward_hooks \
-                and not self.down_proj._forward_pre_hooks:
+        down = self.down_proj
+        if type(down) is torch.nn.Linear and not down._forward_hooks and not down._forward_pre_hooks:
             # The activation is recomputed by the backward rather than saved (silu_mul_linear).
-            return _ops.silu_mul_linear(gate_up, self.down_proj.weight, self.down_proj.bias)
-        return self.down_proj(_ops.silu_mul(gate_up))
+            gate_up, weight, bias = _as_autocast_runs_linear(gate_up, down.weight, down.bias)
+            if weight.dtype == gate_up.dtype:
+                return _ops.silu_mul_linear(gate_up, weight, bias)
+        return down(_ops.silu_mul(gate_up))
 
     @staticmethod
     def _split_state(module, state_dict, prefix, local_metadata):
@@ -258,6 +270,9 @@ def _decoder_layer_forward(self, hidden_states, attention_mask=None, position_id
                                       position_ids=position_ids, past_key_values=past_key_values,
                                       use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
     norm = self.post_attention_layernorm
+    if hidden_states.dtype != residual.dtype:  # autocast: the attention's output in its dtype, the residual in the stream's
+        common = torch.promote_types(hidden_states.dtype, residual.dtype)
+        hidden_states, residual = hidden_states.to(common), residual.to(common)
     hidden_states, residual = _ops.add_rms_norm(hidden_states, residual, norm.weight, _rms_norm_eps(norm))
     return residual + self.mlp(hidden_states)
 
@@ -382,8 +397,9 @@ def _causal_lm_forward_with(output_class):
             if shift_labels is None:
                 shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
             head = self.lm_head
-            loss = _ops.linear_cross_entropy(hidden_states, head.weight, shift_labels.to(hidden_states.device),
-                                             head.bias, reduction="mean" if num_items_in_batch is None else "sum")
+            rows, weight, bias = _as_autocast_runs_linear(hidden_states, head.weight, head.bias)
+            loss = _ops.linear_cross_entropy(rows, weight, shift_labels.to(hidden_states.device), bias,
+                                             reduction="mean" if num_items_in_batch is None else "sum")
             if num_items_in_batch is not None:
                 loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
                                else num_items_in_batch)
