@@ -240,9 +240,14 @@ def test_gpt2_and_bert_bias_gelu(device):
     for model, output in ((gpt2, lambda out: out.logits), (bert, lambda out: out.last_hidden_state)):
         with torch.no_grad():
             want = output(model(input_ids=ids))
+            with torch.autocast(device, dtype=torch.bfloat16):  # float32 parameters, bfloat16 products
+                want_autocast = output(model(input_ids=ids)).float()
             fused_ops.fuse(model, norms=False)
             assert sum(getattr(type(m), "_fused_ops_kind", None) == "bias_gelu" for m in model.modules()) == 2
             torch.testing.assert_close(output(model(input_ids=ids)), want, rtol=1e-5, atol=1e-5)
+            with torch.autocast(device, dtype=torch.bfloat16):
+                got_autocast = output(model(input_ids=ids)).float()
+            torch.testing.assert_close(got_autocast, want_autocast, rtol=3e-2, atol=3e-2 * want_autocast.abs().max().item())
 
 
 def test_import_does_not_import_transformers():

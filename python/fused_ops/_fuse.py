@@ -204,16 +204,24 @@ def _fuse_gated_mlps(model, fusion):
 
 # ---- Bias + GELU after a projection (GPT-2's MLP, BERT's intermediate layer)
 
+def _bias_as_autocast_adds_it(hidden, bias):
+    """The bias in the product's dtype under autocast (whose addmm adds it in that dtype)."""
+    if bias.dtype != hidden.dtype and torch.is_autocast_enabled(hidden.device.type):
+        return bias.to(hidden.dtype)
+    return bias
+
+
 def _gpt2_mlp_forward(self, hidden_states):
     projection = self.c_fc
     hidden = (hidden_states.reshape(-1, projection.weight.shape[0]) @ projection.weight).view(
         *hidden_states.shape[:-1], projection.weight.shape[1])
-    hidden = _ops.bias_gelu(hidden, projection.bias, self._fused_ops_gelu)
+    hidden = _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, projection.bias), self._fused_ops_gelu)
     return self.dropout(self.c_proj(hidden))
 
 
 def _bert_intermediate_forward(self, hidden_states):
-    return _ops.bias_gelu(F.linear(hidden_states, self.dense.weight), self.dense.bias, self._fused_ops_gelu)
+    hidden = F.linear(hidden_states, self.dense.weight)
+    return _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, self.dense.bias), self._fused_ops_gelu)
 
 
 def _fuse_bias_gelu(model, fusion):
