@@ -30,7 +30,7 @@ class OpSpec:
     # float64 inputs and options -> how much looser than the dtype's tolerance the absolute error
     # of gradients may be (ill-conditioned math, e.g. a norm of a row with a tiny RMS)
     gradient_scale: Callable = lambda inputs, **options: 1.0
-    family: str = "elementwise"  # the folder under ops/: elementwise, activations, norms, rotary
+    family: str = "elementwise"  # elementwise, activations, norms, rotary, cross_entropy, down_projection
     # the eager code a user would write instead, as the bench times it (default: reference)
     composite: Optional[Callable] = None
     # the inputs that take gradients (default: all); the others must not require grad
@@ -167,6 +167,26 @@ def largest_logit(inputs, **options):
     return max(1.0, F.linear(x.detach(), w.detach(), b.detach()).abs().max().item())
 
 
+def silu_mul_linear_shapes(shape):
+    """x [..., 2d], weight [n, d] and bias [n] for a drawn output shape [..., n]: d = 1 + n % 24."""
+    outputs = shape[-1] if shape else 1
+    d = 1 + outputs % 24
+    return [list(shape[:-1]) + [2 * d], [outputs, d], [outputs]]
+
+
+def silu_mul_linear_reference(x, weight, bias):
+    return F.linear(gated(F.silu)(x), weight, bias)
+
+
+def largest_output(inputs, **options):
+    """The largest |output| times sqrt(d): 16-bit results round by a few ulp of the output, and the
+    rounded activation moves each of the product's d terms by an ulp of its own."""
+    x, weight, bias = inputs
+    out = silu_mul_linear_reference(x.detach(), weight.detach(), bias.detach())
+    largest = out.abs().max().item() if out.numel() else 1.0
+    return max(1.0, largest) * max(1.0, weight.shape[1] ** 0.5)
+
+
 def rms_norm_reference(h, weight, eps=1e-6):
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -198,6 +218,9 @@ OPS = [
     OpSpec("gelu_mul", lambda x, approximate="none": torch.ops.fused.gelu_mul(x, approximate),
            lambda x, approximate="none": gated(lambda t: F.gelu(t, approximate=approximate))(x), gated_shapes,
            {"approximate": ["none", "tanh"]}, min_dims=1, family="activations"),
+    OpSpec("silu_mul_linear", lambda x, w, b: torch.ops.fused.silu_mul_linear(x, w, b), silu_mul_linear_reference,
+           silu_mul_linear_shapes, min_dims=1, family="down_projection", value_scale=largest_output,
+           gradient_scale=largest_output),
     OpSpec("rms_norm", lambda x, w, eps=1e-6: torch.ops.fused.rms_norm(x, w, eps), rms_norm_reference,
            norm_shapes(False, False), {"eps": EPS_RANGE}, min_dims=1,
            gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps), family="norms",
