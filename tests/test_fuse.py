@@ -49,6 +49,18 @@ def gradients_by_stock_name(model):
     return grads
 
 
+def assert_gradients_match_stock(fused, stock, rtol=1e-4, atol=1e-5, relative_atol=0.0, dtype=None):
+    """Every parameter's gradient of the fused model, under the stock model's names, against the stock
+    model's (atol plus relative_atol times the largest stock gradient of that parameter)."""
+    expected = dict(stock.named_parameters())
+    grads = gradients_by_stock_name(fused)
+    assert set(grads) == set(expected)
+    for name, grad in grads.items():
+        assert dtype is None or grad.dtype == dtype, name
+        largest = expected[name].grad.abs().max().item()
+        torch.testing.assert_close(grad, expected[name].grad, rtol=rtol, atol=atol + relative_atol * largest, msg=name)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_swaps_each_kind_and_logs_it(family, caplog):
     with caplog.at_level(logging.INFO, logger="fused_ops"):
@@ -76,11 +88,7 @@ def test_same_loss_logits_and_gradients(family, device):
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
     want.loss.backward()
     got.loss.backward()
-    expected = dict(stock.named_parameters())
-    grads = gradients_by_stock_name(fused)
-    assert set(grads) == set(expected)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+    assert_gradients_match_stock(fused, stock)
     with torch.no_grad():
         torch.testing.assert_close(fused(input_ids=ids).logits, stock(input_ids=ids).logits, rtol=1e-5, atol=1e-5)
 
@@ -97,11 +105,7 @@ def test_autocast_training_step_of_float32_parameters(family, device):
     torch.testing.assert_close(got.loss, want.loss, rtol=2e-3, atol=2e-3)
     want.loss.backward()
     got.loss.backward()
-    expected = dict(stock.named_parameters())
-    for name, grad in gradients_by_stock_name(fused).items():
-        assert grad.dtype == torch.float32, name
-        largest = expected[name].grad.abs().max().item()
-        torch.testing.assert_close(grad, expected[name].grad, rtol=0, atol=4e-2 * largest, msg=name)
+    assert_gradients_match_stock(fused, stock, rtol=0, atol=0, relative_atol=4e-2, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -147,9 +151,7 @@ def test_compiled_fused_model_matches_stock(device):
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-5)
         want.loss.backward()
         got.loss.backward()
-        expected = dict(stock.named_parameters())
-        for name, grad in gradients_by_stock_name(fused).items():
-            torch.testing.assert_close(grad, expected[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+        assert_gradients_match_stock(fused, stock)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
