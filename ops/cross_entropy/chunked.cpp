@@ -1,5 +1,10 @@
 // The chunk loop of linear_cross_entropy, device-independent: ATen's products (cuBLAS on CUDA) around
 // the backend's row kernel. The checks (registration/checks.cpp) have run.
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
+#include <optional>
+
 #include "../common/tensors.h"
 #include "launch_plan.h"
 #include "linear_cross_entropy.h"
@@ -12,11 +17,37 @@ at::ScalarType cross_entropy_loss_dtype(at::ScalarType input_dtype) {
 
 namespace {
 
-// Which rows' targets are neither a class nor ignore_index; the row kernels give those rows NaN.
-void check_target_range(const at::Tensor& target, int64_t classes, int64_t ignore_index) {
-  const at::Tensor invalid = (target.lt(0) | target.ge(classes)) & target.ne(ignore_index);
-  if (!invalid.any().item<bool>()) return;
-  const int64_t value = target.masked_select(invalid).index({0}).item<int64_t>();
+// The targets' range check, started on the device before the chunks and read back after them: its
+// flag reaches pinned host memory while the chunks are still queued, so reading it waits for the
+// check alone and the device never idles between this op and the next. Invalid rows get NaN from the
+// row kernels meanwhile, never a fault.
+struct TargetRangeCheck {
+  at::Tensor invalid;  // per row, on the targets' device
+  at::Tensor any_invalid_host;
+  std::optional<c10::Event> copied;
+};
+
+TargetRangeCheck start_target_range_check(const at::Tensor& target, int64_t classes, int64_t ignore_index) {
+  TargetRangeCheck check;
+  check.invalid = (target.lt(0) | target.ge(classes)) & target.ne(ignore_index);
+  const at::Tensor any_invalid = check.invalid.any();
+  if (target.is_cpu()) {
+    check.any_invalid_host = any_invalid;
+    return check;
+  }
+  check.any_invalid_host = at::empty({}, any_invalid.options().device(at::kCPU).pinned_memory(true));
+  check.any_invalid_host.copy_(any_invalid, /*non_blocking=*/true);
+  const c10::impl::VirtualGuardImpl guard(target.device().type());
+  check.copied.emplace(target.device().type());
+  check.copied->record(guard.getStream(target.device()));
+  return check;
+}
+
+void finish_target_range_check(const TargetRangeCheck& check, const at::Tensor& target, int64_t classes,
+                               int64_t ignore_index) {
+  if (check.copied) check.copied->synchronize();
+  if (!check.any_invalid_host.item<bool>()) return;
+  const int64_t value = target.masked_select(check.invalid).index({0}).item<int64_t>();
   TORCH_CHECK(false, "fused::linear_cross_entropy: expected target values in [0, ", classes, ") or ignore_index (",
               ignore_index, "), but got ", value);
 }
@@ -65,6 +96,8 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
     buffer = at::empty({chunk_rows, cross_entropy_row_stride(classes, x.element_size())}, x.options())
                  .narrow(1, 0, classes);
   }
+  std::optional<TargetRangeCheck> target_check;
+  if (backend.check_targets && rows > 0) target_check = start_target_range_check(targets, classes, options.ignore_index);
   const at::Tensor weight_t = weight.t();
   for (int64_t start = 0; start < rows; start += chunk_rows) {
     const int64_t count = std::min(chunk_rows, rows - start);
@@ -106,7 +139,7 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
     if (gradients[2]) grad_bias_sum.add_(at::sum(logits, {0}, false, loss_dtype));
   }
   if (gradients[1] && rows == 0) grad_weight.zero_();
-  if (backend.check_targets && rows > 0) check_target_range(targets, classes, options.ignore_index);
+  if (target_check) finish_target_range_check(*target_check, targets, classes, options.ignore_index);
 
   LinearCrossEntropyResult result;
   switch (options.reduction) {

@@ -65,7 +65,7 @@ FUSED_HOST_DEVICE opmath_t soft_cap_slope(opmath_t capped, opmath_t softcap) {
 struct CrossEntropyBackend {
   CrossEntropyRowsFunction rows;
   int64_t available_bytes;  // memory the logits chunk may take a share of (the device's free memory)
-  bool check_targets;       // read the targets' range check back now (false while a CUDA graph captures)
+  bool check_targets;       // check the targets' range and read it back (false while a CUDA graph captures)
 };
 
 struct LinearCrossEntropyResult {

@@ -27,8 +27,9 @@ struct RotaryPair {
   unsigned int first_blocks;
   bool sequence_outer[2];
   Divider items_per_row[2];
-  Divider inner[2];  // head groups when the sequence is outer, else the sequence
+  Divider inner[2];  // heads (or head groups) when the sequence is outer, else the sequence
   Divider outer[2];
+  uint32_t rows_per_tile[2];  // rotary_staged_kernel's whole rows per tile
 };
 
 struct BlockShare {
@@ -96,11 +97,13 @@ __device__ __forceinline__ void load_table(const table_t* row, int64_t element, 
 }
 
 // Heads one thread of the vectorized kernel rotates with the cos/sin values it loads once: the tables'
-// loads (two per x vector otherwise) are shared by the heads of one position.
+// loads are shared by the heads of one position.
 constexpr int kHeadsPerThread = 4;
 
+// The whole rotation (R = D) or GPT-J's pairs: a thread rotates pairs of vectors (j, j + R/2) of its
+// heads, or the pairs inside one vector, and copies the passed-through dims of any.
 template <typename scalar_t, typename table_t, int kWidth>
-__global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(RotaryPair pair) {
+__global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   using Vector = Vec<scalar_t, kWidth * int(sizeof(scalar_t))>;
@@ -183,57 +186,168 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_vectorized_kernel(Rot
   }
 }
 
-int64_t rotary_items(const RotaryProblem& p, int vector_elements) {
-  if (vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
-  const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
-  const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
-  return p.sizes[0] * p.sizes[2] * groups * (rotated / vector_elements + (p.sizes[3] - p.rotary_dim) / vector_elements);
+// A partial rotation (R < D, rotate_half), whose partners R/2 apart need not fall on vector
+// boundaries: a block loads a tile of whole head rows with full-width vectors into shared memory, then
+// each thread writes its vectors, reading the partners' elements from the tile. Loads and stores stay
+// full-width and coalesced whatever R/2 is.
+constexpr int kStagedVectorsPerThread = kStagedTileVectors / kThreadsPerBlock;
+
+template <typename scalar_t, typename table_t, int kWidth>
+__global__ void __launch_bounds__(kThreadsPerBlock) rotary_staged_kernel(RotaryPair pair) {
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  using Vector = Vec<scalar_t, kBytes>;
+  __shared__ Vector tile[kStagedTileVectors];
+  const scalar_t* tile_elements = reinterpret_cast<const scalar_t*>(tile);
+  const BlockShare share = block_share(pair.first_blocks);
+  const RotaryProblem& p = pair.tensors[share.tensor];
+  const bool sequence_outer = pair.sequence_outer[share.tensor];
+  const Divider& vectors_per_row = pair.items_per_row[share.tensor];
+  const Divider& inner = pair.inner[share.tensor];
+  const Divider& outer = pair.outer[share.tensor];
+  const uint32_t rows_per_tile = pair.rows_per_tile[share.tensor];
+  const uint32_t tile_vectors = rows_per_tile * vectors_per_row.divisor;
+  const uint32_t rows = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]);
+  const uint32_t tiles = (rows + rows_per_tile - 1) / rows_per_tile;
+  const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
+  for (uint32_t tile_index = share.block; tile_index < tiles; tile_index += share.blocks) {
+    Vector own[kStagedVectorsPerThread];
+    int64_t out_offset[kStagedVectorsPerThread], cos_offset[kStagedVectorsPerThread], sin_offset[kStagedVectorsPerThread];
+    uint32_t element[kStagedVectorsPerThread];
+#pragma unroll
+    for (int k = 0; k < kStagedVectorsPerThread; ++k) {
+      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
+      const auto [row_in_tile, j] = vectors_per_row.divmod(v);
+      const uint32_t row = tile_index * rows_per_tile + row_in_tile;
+      element[k] = j * kWidth;
+      if (v >= tile_vectors || row >= rows) {
+        element[k] = ~0u;
+        continue;
+      }
+      // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
+      const auto [rest, inner_index] = inner.divmod(row);
+      const auto [b, outer_index] = outer.divmod(rest);
+      const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
+      auto offset = [&](const int64_t (&strides)[4]) {
+        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
+      };
+      own[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides) + element[k], 0);
+      tile[v] = own[k];
+      out_offset[k] = offset(p.out_strides) + element[k];
+      cos_offset[k] = offset(p.cos_strides);
+      sin_offset[k] = offset(p.sin_strides);
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < kStagedVectorsPerThread; ++k) {
+      const uint32_t e = element[k];
+      if (e == ~0u) continue;
+      scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
+      if (e >= rotary_dim) {
+        store_vec<kBytes>(out, 0, own[k]);
+        continue;
+      }
+      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
+      const scalar_t* row_elements = tile_elements + (v * kWidth - e);
+      const table_t* cos = static_cast<const table_t*>(p.cos) + cos_offset[k];
+      const table_t* sin = static_cast<const table_t*>(p.sin) + sin_offset[k];
+      opmath_t a[kWidth], cos_own[kWidth], sin_own[kWidth];
+      unpack_vec(own[k], a);
+      load_table(cos, e, cos_own);
+      if (!p.transposed) load_table(sin, e, sin_own);
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) {
+        // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in
+        // the second; the transposed rotation takes sin at the partner's position and the other signs.
+        const bool first_half = e + i < half;
+        const uint32_t partner = first_half ? e + i + half : e + i - half;
+        const opmath_t other = static_cast<opmath_t>(row_elements[partner]);
+        const opmath_t sin_used = p.transposed ? static_cast<opmath_t>(sin[partner]) : sin_own[i];
+        const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
+        a[i] = a[i] * cos_own[i] + sign * (other * sin_used);
+      }
+      store_vec<kBytes>(out, 0, pack_vec<scalar_t, kBytes>(a));
+    }
+    __syncthreads();
+  }
 }
 
-// The kernel for `vector_elements` (a template, so the widths a dtype cannot have are never built).
+// Vectors of a row that the plan's kernel gives a thread each: a (b, s, head group) row's, or a head
+// row's whole vectors for the staged kernel.
+int64_t rotary_items_per_row(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
+  if (plan.staged) return p.sizes[3] / plan.vector_elements;
+  const int64_t rotated = p.interleaved ? p.rotary_dim : p.rotary_dim / 2;
+  return (rotated + p.sizes[3] - p.rotary_dim) / plan.vector_elements;
+}
+
+int64_t rotary_heads_per_row(const RotaryLaunchPlan& plan) { return plan.staged ? 1 : kHeadsPerThread; }
+
+int64_t rotary_rows_per_tile(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
+  return kStagedTileVectors / rotary_items_per_row(p, plan);
+}
+
+// Work items that size the grid: one block per staged tile, else one thread per item.
+int64_t rotary_items(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
+  if (plan.vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
+  if (plan.staged) {
+    const int64_t rows = p.sizes[0] * p.sizes[1] * p.sizes[2], rows_per_tile = rotary_rows_per_tile(p, plan);
+    return (rows + rows_per_tile - 1) / rows_per_tile * kThreadsPerBlock;
+  }
+  const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
+  return p.sizes[0] * p.sizes[2] * groups * rotary_items_per_row(p, plan);
+}
+
+// The plan's kernel and width (templates, so the widths a dtype cannot have are never built).
 template <typename scalar_t, typename table_t>
-void launch_rotary(int vector_elements, unsigned int blocks, cudaStream_t stream, const RotaryPair& pair) {
+void launch_rotary(const RotaryLaunchPlan& plan, unsigned int blocks, cudaStream_t stream, const RotaryPair& pair) {
   auto launch = [&](auto kernel) {
     launch_kernel(kernel, blocks, kThreadsPerBlock, 0, stream, pair);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  switch (vector_elements) {
+  auto launch_width = [&](auto width) {
+    constexpr int kWidth = decltype(width)::value;
+    if (plan.staged) return launch(rotary_staged_kernel<scalar_t, table_t, kWidth>);
+    return launch(rotary_pairs_kernel<scalar_t, table_t, kWidth>);
+  };
+  switch (plan.vector_elements) {
     case 1:
       return launch(rotary_strided_kernel<scalar_t, table_t>);
     case 2:
-      return launch(rotary_vectorized_kernel<scalar_t, table_t, 2>);
+      return launch_width(std::integral_constant<int, 2>{});
     case 4:
-      if constexpr (sizeof(scalar_t) <= 4) return launch(rotary_vectorized_kernel<scalar_t, table_t, 4>);
+      if constexpr (sizeof(scalar_t) <= 4) return launch_width(std::integral_constant<int, 4>{});
       break;
     case 8:
-      if constexpr (sizeof(scalar_t) <= 2) return launch(rotary_vectorized_kernel<scalar_t, table_t, 8>);
+      if constexpr (sizeof(scalar_t) <= 2) return launch_width(std::integral_constant<int, 8>{});
       break;
   }
-  TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", vector_elements, "-element vectors");
+  TORCH_INTERNAL_ASSERT(false, "rotary_embedding: no kernel for ", plan.vector_elements, "-element vectors");
 }
 
 void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::ScalarType table_dtype) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_MIXED_TYPES(dtype, table_dtype, "rotary_cuda", [&] {
     const RotaryLaunchPlan plan = plan_rotary(problems, sizeof(scalar_t), sizeof(weight_t));
-    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}, {}, {}, {}};
+    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}, {}, {}, {}, {}};
     if (plan.vector_elements > 1) {
       for (int t = 0; t < 2; ++t) {
         const RotaryProblem& problem = problems[t];
-        const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
-        const int64_t per_row = (rotated + problem.sizes[3] - problem.rotary_dim) / plan.vector_elements;
-        const int64_t groups = (problem.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread, sequence = problem.sizes[2];
+        const int64_t per_row = rotary_items_per_row(problem, plan);
+        const int64_t heads_per_row = rotary_heads_per_row(plan);
+        const int64_t groups = (problem.sizes[1] + heads_per_row - 1) / heads_per_row, sequence = problem.sizes[2];
         pair.items_per_row[t] = Divider(std::max<int64_t>(1, per_row));
         pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? groups : sequence));
         pair.outer[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? sequence : groups));
+        if (plan.staged) pair.rows_per_tile[t] = uint32_t(rotary_rows_per_tile(problem, plan));
       }
     }
     // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.
-    const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan.vector_elements)), 1u << 29);
-    const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan.vector_elements)), 1u << 29);
+    const unsigned int first_blocks = std::min(grid_size(rotary_items(problems[0], plan)), 1u << 29);
+    const unsigned int second_blocks = std::min(grid_size(rotary_items(problems[1], plan)), 1u << 29);
     pair.first_blocks = first_blocks;
     const unsigned int blocks = first_blocks + second_blocks;
-    launch_rotary<scalar_t, weight_t>(plan.vector_elements, blocks, stream, pair);
+    launch_rotary<scalar_t, weight_t>(plan, blocks, stream, pair);
   });
 }
 

@@ -1,6 +1,8 @@
 #pragma once
-// The rotary family's launch policy: the widest vector every operand of both tensors allows (16 bytes
-// of q's dtype at most), or the strided kernel, and the row order that follows each tensor's memory.
+// The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or GPT-J's
+// pairs; head rows staged through shared memory for a partial rotate_half rotation), the widest vector
+// every operand of both tensors allows (16 bytes of q's dtype at most) or the strided kernel, and the
+// row order that follows each tensor's memory.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -11,18 +13,26 @@
 namespace fused_ops {
 namespace cuda {
 
+// Vectors of one tile of rotary_staged_kernel (whole head rows, 16 KB of shared memory at 16 bytes each).
+constexpr int kStagedTileVectors = 1024;
+
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
+  bool staged = false;  // rotary_staged_kernel (partial rotate_half) rather than rotary_pairs_kernel
   bool sequence_outer[2] = {false, false};  // rows ordered (b, s, h) rather than (b, h, s)
 };
 
 // Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
 // `width`, pointers aligned to the vector, and 32-bit row and item counts.
+// `staged` vectors are whole rows' vectors, each all rotated or all passed through (R a multiple of the
+// width, R/2 need not be), and a tile of kStagedTileVectors holds at least one row.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
-                               int64_t table_element_size) {
-  const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
-  if (rotated % width != 0 || (problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
+                               int64_t table_element_size, bool staged) {
+  const int64_t rotated = staged ? problem.rotary_dim : problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+  if (rotated % width != 0) return false;
+  if ((problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
+  if (staged && problem.sizes[3] / width > kStagedTileVectors) return false;
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
   for (const int64_t* stride : {problem.x_strides, problem.out_strides, problem.cos_strides, problem.sin_strides}) {
@@ -38,7 +48,9 @@ inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t 
     return false;
   }
   const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
-  const int64_t items = rows * (rotated / width + (problem.sizes[3] - problem.rotary_dim) / width);
+  const int64_t per_row = staged ? problem.sizes[3] / width
+                                        : rotated / width + (problem.sizes[3] - problem.rotary_dim) / width;
+  const int64_t items = rows * per_row;
   return items < std::numeric_limits<int32_t>::max();
 }
 
@@ -46,10 +58,11 @@ inline RotaryLaunchPlan plan_rotary(const RotaryProblem (&problems)[2], int64_t 
                                     int64_t table_element_size) {
   RotaryLaunchPlan plan;
   for (int t = 0; t < 2; ++t) plan.sequence_outer[t] = problems[t].x_strides[2] > problems[t].x_strides[1];
+  plan.staged = !problems[0].interleaved && problems[0].rotary_dim < problems[0].sizes[3];
   // Pairs of the interleaved form must sit inside one vector, so vectors hold at least two elements.
   for (int width = int(16 / element_size); width >= 2; width /= 2) {
-    if (rotary_vector_fits(problems[0], width, element_size, table_element_size) &&
-        rotary_vector_fits(problems[1], width, element_size, table_element_size)) {
+    if (rotary_vector_fits(problems[0], width, element_size, table_element_size, plan.staged) &&
+        rotary_vector_fits(problems[1], width, element_size, table_element_size, plan.staged)) {
       plan.vector_elements = width;
       return plan;
     }
