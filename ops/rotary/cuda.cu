@@ -191,9 +191,35 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
 // each thread writes its vectors, reading the partners' elements from the tile. Loads and stores stay
 // full-width and coalesced whatever R/2 is.
 constexpr int kStagedVectorsPerThread = kStagedTileVectors / kThreadsPerBlock;
+// Blocks an SM must hold at once (at most 64 registers a thread): fewer leave it idle at their barriers.
+constexpr int kStagedBlocksPerSM = 4;
+
+// Where a tile's vector v lives: its row's (b, h, s) in memory order ((b, s, h) when the sequence is
+// outer, else (b, h, s)) and its first element; `valid` false past the tile or the last row.
+struct StagedVector {
+  bool valid;
+  uint32_t b, h, s, element;
+};
+
+__device__ __forceinline__ StagedVector staged_vector(const RotaryPair& pair, int tensor, uint32_t tile_index,
+                                                      uint32_t v, uint32_t rows, int width) {
+  const uint32_t rows_per_tile = pair.rows_per_tile[tensor];
+  const auto [row_in_tile, j] = pair.items_per_row[tensor].divmod(v);
+  const uint32_t row = tile_index * rows_per_tile + row_in_tile;
+  if (row_in_tile >= rows_per_tile || row >= rows) return {false, 0, 0, 0, 0};
+  const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
+  const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
+  const bool sequence_outer = pair.sequence_outer[tensor];
+  return {true, b, sequence_outer ? inner_index : outer_index, sequence_outer ? outer_index : inner_index,
+          j * uint32_t(width)};
+}
+
+__device__ __forceinline__ int64_t staged_offset(const int64_t (&strides)[4], const StagedVector& at) {
+  return int64_t(at.b) * strides[0] + int64_t(at.h) * strides[1] + int64_t(at.s) * strides[2] + at.element;
+}
 
 template <typename scalar_t, typename table_t, int kWidth>
-__global__ void __launch_bounds__(kThreadsPerBlock) rotary_staged_kernel(RotaryPair pair) {
+__global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_staged_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
@@ -201,59 +227,39 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_staged_kernel(RotaryP
   __shared__ Vector tile[kStagedTileVectors];
   const scalar_t* tile_elements = reinterpret_cast<const scalar_t*>(tile);
   const BlockShare share = block_share(pair.first_blocks);
-  const RotaryProblem& p = pair.tensors[share.tensor];
-  const bool sequence_outer = pair.sequence_outer[share.tensor];
-  const Divider& vectors_per_row = pair.items_per_row[share.tensor];
-  const Divider& inner = pair.inner[share.tensor];
-  const Divider& outer = pair.outer[share.tensor];
-  const uint32_t rows_per_tile = pair.rows_per_tile[share.tensor];
-  const uint32_t tile_vectors = rows_per_tile * vectors_per_row.divisor;
+  const int tensor = share.tensor;
+  const RotaryProblem& p = pair.tensors[tensor];
   const uint32_t rows = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]);
-  const uint32_t tiles = (rows + rows_per_tile - 1) / rows_per_tile;
+  const uint32_t tiles = (rows + pair.rows_per_tile[tensor] - 1) / pair.rows_per_tile[tensor];
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
+  // Registers stay few (each vector's place is recomputed after the barrier, its value re-read from
+  // the tile) so that enough blocks share an SM to keep loads in flight across their barriers.
   for (uint32_t tile_index = share.block; tile_index < tiles; tile_index += share.blocks) {
-    Vector own[kStagedVectorsPerThread];
-    int64_t out_offset[kStagedVectorsPerThread], cos_offset[kStagedVectorsPerThread], sin_offset[kStagedVectorsPerThread];
-    uint32_t element[kStagedVectorsPerThread];
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerThread; ++k) {
       const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
-      const auto [row_in_tile, j] = vectors_per_row.divmod(v);
-      const uint32_t row = tile_index * rows_per_tile + row_in_tile;
-      element[k] = j * kWidth;
-      if (v >= tile_vectors || row >= rows) {
-        element[k] = ~0u;
-        continue;
-      }
-      // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
-      const auto [rest, inner_index] = inner.divmod(row);
-      const auto [b, outer_index] = outer.divmod(rest);
-      const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
-      auto offset = [&](const int64_t (&strides)[4]) {
-        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
-      };
-      own[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides) + element[k], 0);
-      tile[v] = own[k];
-      out_offset[k] = offset(p.out_strides) + element[k];
-      cos_offset[k] = offset(p.cos_strides);
-      sin_offset[k] = offset(p.sin_strides);
+      const StagedVector at = staged_vector(pair, tensor, tile_index, v, rows, kWidth);
+      if (at.valid) tile[v] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + staged_offset(p.x_strides, at), 0);
     }
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerThread; ++k) {
-      const uint32_t e = element[k];
-      if (e == ~0u) continue;
-      scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
+      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
+      const StagedVector at = staged_vector(pair, tensor, tile_index, v, rows, kWidth);
+      if (!at.valid) continue;
+      scalar_t* out = static_cast<scalar_t*>(p.out) + staged_offset(p.out_strides, at);
+      const uint32_t e = at.element;
       if (e >= rotary_dim) {
-        store_vec<kBytes>(out, 0, own[k]);
+        store_vec<kBytes>(out, 0, tile[v]);
         continue;
       }
-      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
       const scalar_t* row_elements = tile_elements + (v * kWidth - e);
-      const table_t* cos = static_cast<const table_t*>(p.cos) + cos_offset[k];
-      const table_t* sin = static_cast<const table_t*>(p.sin) + sin_offset[k];
+      StagedVector table_at = at;
+      table_at.element = 0;
+      const table_t* cos = static_cast<const table_t*>(p.cos) + staged_offset(p.cos_strides, table_at);
+      const table_t* sin = static_cast<const table_t*>(p.sin) + staged_offset(p.sin_strides, table_at);
       opmath_t a[kWidth], cos_own[kWidth], sin_own[kWidth];
-      unpack_vec(own[k], a);
+      unpack_vec(tile[v], a);
       load_table(cos, e, cos_own);
       if (!p.transposed) load_table(sin, e, sin_own);
 #pragma unroll

@@ -6,6 +6,7 @@ Face transformers is never imported here; its modules are recognised on the mode
 """
 import collections
 import inspect
+import itertools
 import logging
 import sys
 import types
@@ -333,15 +334,28 @@ def _plain_causal_mask(create_causal_mask):
     return create
 
 
+_rebound_modules = itertools.count()
+
+
+def _module_globals_with(namespace, name, value):
+    """A copy of a module's globals with `name` bound to `value`, as the namespace of a module registered
+    in sys.modules under a name of its own: torch.compile guards a function's globals through the
+    module that its `__name__` imports, so that module must be the copy, not the original."""
+    module = types.ModuleType(f"_fused_ops_rebound_{next(_rebound_modules)}")
+    own_name = module.__name__
+    module.__dict__.update(namespace)
+    module.__dict__.update({"__name__": own_name, "__spec__": None, name: value})
+    sys.modules[own_name] = module
+    return module.__dict__
+
+
 def _with_global(function, name, value):
     """A copy of `function`, and of each decorator's wrapper around it, whose global `name` is `value`
     (None where a wrapper does not hold the function it wraps in its closure)."""
     inner = getattr(function, "__wrapped__", None)
     if inner is None:
-        namespace = dict(function.__globals__)
-        namespace[name] = value
-        copied = types.FunctionType(function.__code__, namespace, function.__name__, function.__defaults__,
-                                    function.__closure__)
+        copied = types.FunctionType(function.__code__, _module_globals_with(function.__globals__, name, value),
+                                    function.__name__, function.__defaults__, function.__closure__)
     else:
         copied_inner = _with_global(inner, name, value)
         cells = function.__closure__ or ()
