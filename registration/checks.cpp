@@ -217,9 +217,10 @@ void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tenso
   for (int64_t d = 0; d < 4; ++d) alike = alike && (d == heads || q.sym_size(d) == k.sym_size(d));
   TORCH_CHECK(alike, "fused::", op, ": expected ", k_name, " of shape ", k.sym_sizes(), " to match ", q_name, " ",
               q.sym_sizes(), " in every dim but the heads (dim ", heads, ")");
-  TORCH_CHECK(cos.scalar_type() == q.scalar_type() || cos.scalar_type() == at::kFloat, "fused::", op,
-              ": expected cos to have ", q_name, "'s dtype (", q.scalar_type(), ") or float32, but got ",
-              cos.scalar_type());
+  const bool sixteen_bit = q.scalar_type() == at::kHalf || q.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(cos.scalar_type() == q.scalar_type() || (sixteen_bit && cos.scalar_type() == at::kFloat), "fused::", op,
+              ": expected cos to have ", q_name, "'s dtype (", q.scalar_type(), ") or, for a 16-bit ", q_name,
+              ", float32, but got ", cos.scalar_type());
   check_same_dtype(op, "sin", sin, "cos", cos);
   check_same_shape(op, "sin", sin, "cos", cos);
   TORCH_CHECK(cos.dim() == 2 || cos.dim() == 3, "fused::", op, ": expected cos to be [B or 1, S, R] or [S, R], but got shape ",

@@ -32,9 +32,11 @@ def make_inputs(batch, q_heads, k_heads, sequence, head_dim, rotary_dim, dtype, 
     return random(q_heads), random(k_heads), cos, sin
 
 
-# (B, Hq, Hk, S, D, R): decode, GQA, odd sequences, head dims 2 to 256, partial rotation.
+# (B, Hq, Hk, S, D, R): decode, GQA, odd sequences, head dims 2 to 256, partial rotation (with R/2 a
+# multiple of 16 bytes, of 8, of 4, and odd).
 SHAPES = [(1, 1, 1, 1, 2, 2), (2, 4, 2, 3, 64, 64), (1, 2, 1, 1023, 80, 40), (2, 4, 4, 5, 128, 128),
-          (1, 2, 2, 3, 256, 128), (2, 8, 2, 1, 128, 64)]
+          (1, 2, 2, 3, 256, 128), (2, 8, 2, 1, 128, 64), (2, 3, 1, 7, 24, 12), (1, 2, 1, 9, 24, 6)]
+PARTIAL_SHAPES = [shape for shape in SHAPES if shape[5] < shape[4]]
 
 
 def check_values(q, k, cos, sin, unsqueeze_dim, interleaved, dtype):
@@ -56,8 +58,9 @@ def test_values(device, dtype, shape, unsqueeze_dim, interleaved):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
-def test_float32_tables_with_16_bit_heads(device, dtype):
-    q, k, cos, sin = make_inputs(2, 4, 2, 5, 64, 64, dtype, device, table_dtype=torch.float32)
+@pytest.mark.parametrize("rotary_dim", [64, 40])
+def test_float32_tables_with_16_bit_heads(device, dtype, rotary_dim):
+    q, k, cos, sin = make_inputs(2, 4, 2, 5, 64, rotary_dim, dtype, device, table_dtype=torch.float32)
     check_values(q, k, cos, sin, 1, False, dtype)
 
 
@@ -82,6 +85,23 @@ def test_empty(device, dtype):
     q, k, cos, sin = make_inputs(2, 3, 1, 0, 8, 8, dtype, device)
     q_out, k_out = fused_ops.rotary_embedding(q, k, cos, sin)
     assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
+@pytest.mark.parametrize("shape", PARTIAL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("table_dtype", [None, torch.float32], ids=["tables_of_heads_dtype", "float32_tables"])
+def test_backward_of_partial_rotations(device, dtype, shape, table_dtype):
+    """The transposed rotation reads sin at each element's partner, R/2 away: in one run where a vector
+    lies inside one half, element by element where it spans the middle."""
+    if table_dtype is not None and dtype.itemsize != 2:
+        pytest.skip("float32 tables go with 16-bit heads")
+    q, k, cos, sin = make_inputs(*shape, dtype, device, table_dtype=table_dtype)
+    grad_q, grad_k = torch.randn_like(q), torch.randn_like(k)
+    got = torch.ops.fused.rotary_embedding_backward(grad_q, grad_k, cos, sin, 1, False)
+    q64, k64 = (t.double().requires_grad_(True) for t in (q, k))
+    want = torch.autograd.grad(reference(q64, k64, cos.double(), sin.double(), 1, False), (q64, k64),
+                               [grad_q.double(), grad_k.double()])
+    for grad, expected in zip(got, want):
+        assert_close_to_reference(grad, expected, dtype, SCALE)
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
@@ -197,7 +217,10 @@ def bad_rotary_inputs(device):
         (make(k=torch.randn(2, 2, 3, 8, device=device, dtype=torch.float64)),
          "fused::rotary_embedding: expected k to have the same dtype as q (Float), but got Double"),
         (make(cos=table[0].double(), sin=table[1].double()),
-         "fused::rotary_embedding: expected cos to have q's dtype (Float) or float32, but got Double"),
+         "fused::rotary_embedding: expected cos to have q's dtype (Float) or, for a 16-bit q, float32, but got Double"),
+        (make(q=torch.randn(2, 4, 3, 8, device=device, dtype=torch.float64),
+              k=torch.randn(2, 2, 3, 8, device=device, dtype=torch.float64)),
+         "fused::rotary_embedding: expected cos to have q's dtype (Double) or, for a 16-bit q, float32, but got Float"),
         (make(cos=table[0].clone().requires_grad_(True)),
          "fused::rotary_embedding: expected cos and sin not to require grad"),
     ]

@@ -29,7 +29,7 @@ struct RotaryPair {
   Divider items_per_row[2];
   Divider inner[2];  // heads (or head groups) when the sequence is outer, else the sequence
   Divider outer[2];
-  uint32_t rows_per_tile[2];  // rotary_staged_kernel's whole rows per tile
+  uint32_t rows_per_tile[2];  // rotary_staged_kernel's whole rows per warp's tile
 };
 
 struct BlockShare {
@@ -186,37 +186,47 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
   }
 }
 
-// A partial rotation (R < D, rotate_half), whose partners R/2 apart need not fall on vector
-// boundaries: a block loads a tile of whole head rows with full-width vectors into shared memory, then
-// each thread writes its vectors, reading the partners' elements from the tile. Loads and stores stay
-// full-width and coalesced whatever R/2 is.
-constexpr int kStagedVectorsPerThread = kStagedTileVectors / kThreadsPerBlock;
-// Blocks an SM must hold at once (at most 64 registers a thread): fewer leave it idle at their barriers.
+// A partial rotation (R < D, rotate_half), whose partners R/2 away need not fall on vector boundaries:
+// each warp loads a tile of whole head rows with full-width vectors into its own shared memory, then
+// each lane writes its vectors, reading the partners from the tile in the widest pieces R/2 allows.
+// Loads and stores stay full-width and coalesced, and warps never wait for each other.
+constexpr int kStagedWarps = kThreadsPerBlock / 32;
+constexpr int kStagedVectorsPerLane = kStagedWarpVectors / 32;
+// Blocks an SM holds at once (at most 64 registers a thread, without spills): enough warps to keep the
+// loads of some in flight while others compute.
 constexpr int kStagedBlocksPerSM = 4;
 
-// Where a tile's vector v lives: its row's (b, h, s) in memory order ((b, s, h) when the sequence is
-// outer, else (b, h, s)) and its first element; `valid` false past the tile or the last row.
-struct StagedVector {
-  bool valid;
-  uint32_t b, h, s, element;
-};
-
-__device__ __forceinline__ StagedVector staged_vector(const RotaryPair& pair, int tensor, uint32_t tile_index,
-                                                      uint32_t v, uint32_t rows, int width) {
-  const uint32_t rows_per_tile = pair.rows_per_tile[tensor];
-  const auto [row_in_tile, j] = pair.items_per_row[tensor].divmod(v);
-  const uint32_t row = tile_index * rows_per_tile + row_in_tile;
-  if (row_in_tile >= rows_per_tile || row >= rows) return {false, 0, 0, 0, 0};
-  const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
-  const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
-  const bool sequence_outer = pair.sequence_outer[tensor];
-  return {true, b, sequence_outer ? inner_index : outer_index, sequence_outer ? outer_index : inner_index,
-          j * uint32_t(width)};
+// kWidth consecutive elements from `first` (shared or global memory) in opmath, read in pieces of
+// `piece_bytes` (a power of two that `first`'s alignment allows).
+template <int kWidth, typename T, typename opmath_t>
+__device__ __forceinline__ void load_elements(const T* first, uint32_t piece_bytes, opmath_t (&values)[kWidth]) {
+  constexpr int kBytes = kWidth * int(sizeof(T));
+  auto read = [&](auto piece) {
+    constexpr int kPiece = decltype(piece)::value;
+    constexpr int kPerPiece = kPiece / int(sizeof(T));
+#pragma unroll
+    for (int c = 0; c < kWidth / kPerPiece; ++c) {
+      opmath_t part[kPerPiece];
+      unpack_vec(*reinterpret_cast<const Vec<T, kPiece>*>(first + c * kPerPiece), part);
+#pragma unroll
+      for (int j = 0; j < kPerPiece; ++j) values[c * kPerPiece + j] = part[j];
+    }
+  };
+  if constexpr (kBytes >= 16) {
+    if (piece_bytes >= 16) return read(std::integral_constant<int, 16>{});
+  }
+  if constexpr (kBytes >= 8 && sizeof(T) <= 8) {
+    if (piece_bytes >= 8) return read(std::integral_constant<int, 8>{});
+  }
+  if constexpr (kBytes >= 4 && sizeof(T) <= 4) {
+    if (piece_bytes >= 4) return read(std::integral_constant<int, 4>{});
+  }
+  read(std::integral_constant<int, int(sizeof(T))>{});
 }
 
-__device__ __forceinline__ int64_t staged_offset(const int64_t (&strides)[4], const StagedVector& at) {
-  return int64_t(at.b) * strides[0] + int64_t(at.h) * strides[1] + int64_t(at.s) * strides[2] + at.element;
-}
+// The largest power of two up to 16 dividing `bytes` (R/2 elements' worth): how a partner R/2 away
+// from an aligned vector may be read.
+__device__ __forceinline__ uint32_t piece_bytes_for(uint32_t bytes) { return min(16u, bytes & (0u - bytes)); }
 
 template <typename scalar_t, typename table_t, int kWidth>
 __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_staged_kernel(RotaryPair pair) {
@@ -224,58 +234,96 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
   using Vector = Vec<scalar_t, kBytes>;
-  __shared__ Vector tile[kStagedTileVectors];
+  __shared__ Vector tiles[kStagedWarps][kStagedWarpVectors];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  Vector* tile = tiles[warp];
   const scalar_t* tile_elements = reinterpret_cast<const scalar_t*>(tile);
   const BlockShare share = block_share(pair.first_blocks);
   const int tensor = share.tensor;
   const RotaryProblem& p = pair.tensors[tensor];
+  const bool sequence_outer = pair.sequence_outer[tensor];
   const uint32_t rows = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]);
-  const uint32_t tiles = (rows + pair.rows_per_tile[tensor] - 1) / pair.rows_per_tile[tensor];
+  const uint32_t rows_per_tile = pair.rows_per_tile[tensor];
+  const uint32_t tile_count = (rows + rows_per_tile - 1) / rows_per_tile;
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
-  // Registers stay few (each vector's place is recomputed after the barrier, its value re-read from
-  // the tile) so that enough blocks share an SM to keep loads in flight across their barriers.
-  for (uint32_t tile_index = share.block; tile_index < tiles; tile_index += share.blocks) {
+  const uint32_t partner_piece = piece_bytes_for(half * uint32_t(sizeof(scalar_t)));
+  const uint32_t table_piece = min(piece_bytes_for(half * uint32_t(sizeof(table_t))), uint32_t(kWidth * sizeof(table_t)));
+  // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
+  uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
 #pragma unroll
-    for (int k = 0; k < kStagedVectorsPerThread; ++k) {
-      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
-      const StagedVector at = staged_vector(pair, tensor, tile_index, v, rows, kWidth);
-      if (at.valid) tile[v] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + staged_offset(p.x_strides, at), 0);
+  for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+    const auto [row, column] = pair.items_per_row[tensor].divmod(uint32_t(lane + 32 * k));
+    row_in_tile[k] = row;
+    element[k] = column * kWidth;
+  }
+  for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
+       tile_index += share.blocks * kStagedWarps) {
+    int64_t out_offset[kStagedVectorsPerLane];
+    uint32_t table_b[kStagedVectorsPerLane], table_s[kStagedVectorsPerLane];
+    bool valid[kStagedVectorsPerLane];
+#pragma unroll
+    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+      const uint32_t row = tile_index * rows_per_tile + row_in_tile[k];
+      valid[k] = row_in_tile[k] < rows_per_tile && row < rows;
+      if (!valid[k]) continue;
+      // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
+      const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
+      const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
+      const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
+      auto offset = [&](const int64_t (&strides)[4]) {
+        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + element[k];
+      };
+      tile[lane + 32 * k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
+      out_offset[k] = offset(p.out_strides);
+      table_b[k] = b;
+      table_s[k] = s;
     }
-    __syncthreads();
+    __syncwarp();
 #pragma unroll
-    for (int k = 0; k < kStagedVectorsPerThread; ++k) {
-      const uint32_t v = threadIdx.x + k * kThreadsPerBlock;
-      const StagedVector at = staged_vector(pair, tensor, tile_index, v, rows, kWidth);
-      if (!at.valid) continue;
-      scalar_t* out = static_cast<scalar_t*>(p.out) + staged_offset(p.out_strides, at);
-      const uint32_t e = at.element;
+    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+      if (!valid[k]) continue;
+      const uint32_t v = lane + 32 * k, e = element[k];
+      scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
       if (e >= rotary_dim) {
         store_vec<kBytes>(out, 0, tile[v]);
         continue;
       }
       const scalar_t* row_elements = tile_elements + (v * kWidth - e);
-      StagedVector table_at = at;
-      table_at.element = 0;
-      const table_t* cos = static_cast<const table_t*>(p.cos) + staged_offset(p.cos_strides, table_at);
-      const table_t* sin = static_cast<const table_t*>(p.sin) + staged_offset(p.sin_strides, table_at);
-      opmath_t a[kWidth], cos_own[kWidth], sin_own[kWidth];
+      const table_t* cos = static_cast<const table_t*>(p.cos) + int64_t(table_b[k]) * p.cos_strides[0] +
+                           int64_t(table_s[k]) * p.cos_strides[2];
+      const table_t* sin = static_cast<const table_t*>(p.sin) + int64_t(table_b[k]) * p.sin_strides[0] +
+                           int64_t(table_s[k]) * p.sin_strides[2];
+      opmath_t a[kWidth], other[kWidth], cos_own[kWidth], sin_used[kWidth];
       unpack_vec(tile[v], a);
       load_table(cos, e, cos_own);
-      if (!p.transposed) load_table(sin, e, sin_own);
+      // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
+      // second; the transposed rotation takes sin at the partner's position and the other signs. A vector
+      // inside one half reads its partners as one run; one across the middle, element by element.
+      const bool in_first = e + kWidth <= half, in_second = e >= half;
+      if (in_first || in_second) {
+        const uint32_t partner = in_first ? e + half : e - half;
+        load_elements(row_elements + partner, partner_piece, other);
+        if (p.transposed) {
+          load_elements(sin + partner, table_piece, sin_used);
+        } else {
+          load_table(sin, e, sin_used);
+        }
+        const opmath_t sign = (in_first != p.transposed) ? opmath_t(-1) : opmath_t(1);
 #pragma unroll
-      for (int i = 0; i < kWidth; ++i) {
-        // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in
-        // the second; the transposed rotation takes sin at the partner's position and the other signs.
-        const bool first_half = e + i < half;
-        const uint32_t partner = first_half ? e + i + half : e + i - half;
-        const opmath_t other = static_cast<opmath_t>(row_elements[partner]);
-        const opmath_t sin_used = p.transposed ? static_cast<opmath_t>(sin[partner]) : sin_own[i];
-        const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
-        a[i] = a[i] * cos_own[i] + sign * (other * sin_used);
+        for (int i = 0; i < kWidth; ++i) a[i] = a[i] * cos_own[i] + sign * (other[i] * sin_used[i]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) {
+          const bool first_half = e + i < half;
+          const uint32_t partner = first_half ? e + i + half : e + i - half;
+          const opmath_t sin_value = static_cast<opmath_t>(sin[p.transposed ? partner : e + i]);
+          const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
+          a[i] = a[i] * cos_own[i] + sign * (static_cast<opmath_t>(row_elements[partner]) * sin_value);
+        }
       }
       store_vec<kBytes>(out, 0, pack_vec<scalar_t, kBytes>(a));
     }
-    __syncthreads();
+    __syncwarp();
   }
 }
 
@@ -290,15 +338,15 @@ int64_t rotary_items_per_row(const RotaryProblem& p, const RotaryLaunchPlan& pla
 int64_t rotary_heads_per_row(const RotaryLaunchPlan& plan) { return plan.staged ? 1 : kHeadsPerThread; }
 
 int64_t rotary_rows_per_tile(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
-  return kStagedTileVectors / rotary_items_per_row(p, plan);
+  return kStagedWarpVectors / rotary_items_per_row(p, plan);
 }
 
-// Work items that size the grid: one block per staged tile, else one thread per item.
+// Work items that size the grid: one warp per staged tile, else one thread per item.
 int64_t rotary_items(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
   if (plan.vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
   if (plan.staged) {
     const int64_t rows = p.sizes[0] * p.sizes[1] * p.sizes[2], rows_per_tile = rotary_rows_per_tile(p, plan);
-    return (rows + rows_per_tile - 1) / rows_per_tile * kThreadsPerBlock;
+    return (rows + rows_per_tile - 1) / rows_per_tile * 32;
   }
   const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
   return p.sizes[0] * p.sizes[2] * groups * rotary_items_per_row(p, plan);

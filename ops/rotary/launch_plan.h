@@ -1,6 +1,6 @@
 #pragma once
 // The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or GPT-J's
-// pairs; head rows staged through shared memory for a partial rotate_half rotation), the widest vector
+// pairs; head rows staged through each warp's shared memory for a partial rotate_half rotation), the widest vector
 // every operand of both tensors allows (16 bytes of q's dtype at most) or the strided kernel, and the
 // row order that follows each tensor's memory.
 #include <algorithm>
@@ -13,8 +13,9 @@
 namespace fused_ops {
 namespace cuda {
 
-// Vectors of one tile of rotary_staged_kernel (whole head rows, 16 KB of shared memory at 16 bytes each).
-constexpr int kStagedTileVectors = 1024;
+// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 2 KB of shared memory at 16 bytes
+// each): four per lane, so that each lane has four loads in flight.
+constexpr int kStagedWarpVectors = 128;
 
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
@@ -26,13 +27,13 @@ struct RotaryLaunchPlan {
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
 // `width`, pointers aligned to the vector, and 32-bit row and item counts.
 // `staged` vectors are whole rows' vectors, each all rotated or all passed through (R a multiple of the
-// width, R/2 need not be), and a tile of kStagedTileVectors holds at least one row.
+// width, R/2 need not be), and a tile of kStagedWarpVectors holds at least one row.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
                                int64_t table_element_size, bool staged) {
   const int64_t rotated = staged ? problem.rotary_dim : problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
   if (rotated % width != 0) return false;
   if ((problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
-  if (staged && problem.sizes[3] / width > kStagedTileVectors) return false;
+  if (staged && problem.sizes[3] / width > kStagedWarpVectors) return false;
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
   for (const int64_t* stride : {problem.x_strides, problem.out_strides, problem.cos_strides, problem.sin_strides}) {

@@ -5,7 +5,7 @@
 // j + R/2 as rotate_half does ([-x2, x1]), or with `interleaved` element 2i with 2i + 1 (GPT-J).
 // q and k are [B, H, S, D] (unsqueeze_dim 1) or [B, S, H, D] (unsqueeze_dim 2), k with its own number
 // of heads (grouped-query attention); cos and sin [B or 1, S, R], or [S, R] taken as [1, S, R],
-// broadcast over the heads, of q's dtype or float32.
+// broadcast over the heads, of q's dtype (or float32 for a 16-bit q).
 // Backward: the transposed rotation of the output gradients (rotary_embedding_backward), which is
 // linear, so its own gradient is the forward rotation again. cos and sin get no gradient.
 #include <ATen/ATen.h>

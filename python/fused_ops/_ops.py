@@ -89,7 +89,7 @@ def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_d
 
     q, k: [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (unsqueeze_dim=2); k may have fewer heads (GQA);
     any strides, e.g. views into one fused qkv projection. cos, sin: [B or 1, S, R] or [S, R] with R even
-    and at most D, of q's dtype or float32: only the first R dims of each head rotate (partial rotary), the
+    and at most D, of q's dtype (or float32 for a 16-bit q): only the first R dims of each head rotate (partial rotary), the
     rest pass through. `interleaved=True` rotates GPT-J's pairs (x[2i], x[2i + 1]) instead of
     (x[j], x[j + R/2]). Differentiable in q and k; cos and sin must not require grad. From a Hugging Face
     attention layer: `q, k = fused_ops.rotary_embedding(q, k, *position_embeddings)`.
