@@ -140,6 +140,28 @@ def test_plain_causal_attention_needs_no_mask_while_tracing(family, monkeypatch)
             torch.testing.assert_close(results["fused"].logits, results["stock"].logits, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_graph_of_the_fused_model_leaves_the_causal_mask_to_sdpa():
+    """Under a real torch.compile trace (not only transformers' tracing check forced on), the fused
+    model's graph calls SDPA without a mask and with is_causal, where the stock model's builds one."""
+    stock, fused = stock_and_fused("llama", "cpu")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12))
+    for name, model in (("stock", stock), ("fused", fused)):
+        calls = []
+
+        def recording_backend(graph_module, example_inputs):
+            for node in graph_module.graph.nodes:
+                if node.target is torch.nn.functional.scaled_dot_product_attention:
+                    mask = node.kwargs.get("attn_mask", node.args[3] if len(node.args) > 3 else None)
+                    calls.append((mask is None, node.kwargs.get("is_causal", False)))
+            return graph_module.forward
+        torch._dynamo.reset()
+        loss = torch.compile(model, backend=recording_backend)(input_ids=ids, labels=ids, use_cache=False).loss
+        torch.testing.assert_close(loss, stock(input_ids=ids, labels=ids, use_cache=False).loss, rtol=1e-5, atol=1e-5)
+        expected = (True, True) if name == "fused" else (False, False)
+        assert calls == [expected] * SIZES["num_hidden_layers"], name
+    torch._dynamo.reset()
+
+
 def test_compiled_fused_model_matches_stock(device):
     stock, fused = stock_and_fused("llama", device)
     compiled = torch.compile(fused, backend="inductor" if device == "cuda" else "aot_eager")

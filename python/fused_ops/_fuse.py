@@ -309,6 +309,13 @@ _PLAIN_MASK_ARGUMENTS = {"config", "inputs_embeds", "input_embeds", "attention_m
                          "position_ids", "cache_position", "layer_idx", "allow_is_causal_skip"}
 
 
+def _exporting():
+    """Whether torch.export traces: torch.compiler.is_exporting() also answers True while torch.compile
+    traces in torch 2.11, and the flag that torch.export sets is exact in every version."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
 def _plain_causal_mask(create_causal_mask):
     """transformers' create_causal_mask, returning None (SDPA's is_causal) for the plain causal case of a
     forward given neither a padding mask nor positions, with no cache or an empty DynamicCache: while
@@ -329,7 +336,7 @@ def _plain_causal_mask(create_causal_mask):
         plain = (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
                  and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
                  and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                 and not torch.compiler.is_exporting())
+                 and not _exporting())
         return None if plain else create_causal_mask(*args, **kwargs)
     return create
 
