@@ -192,9 +192,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
 // Loads and stores stay full-width and coalesced, and warps never wait for each other.
 constexpr int kStagedWarps = kThreadsPerBlock / 32;
 constexpr int kStagedVectorsPerLane = kStagedWarpVectors / 32;
-// Blocks an SM holds at once (at most 80 registers a thread): with eight loads in flight per lane, the
-// warps loading cover those computing.
-constexpr int kStagedBlocksPerSM = 3;
+// Blocks an SM holds at once (at most 64 registers a thread, without spills): enough warps to keep the
+// loads of some in flight while others compute.
+constexpr int kStagedBlocksPerSM = 4;
 
 // kWidth consecutive elements from `first` (shared or global memory) in opmath, read in pieces of
 // `piece_bytes` (a power of two that `first`'s alignment allows).
@@ -248,57 +248,51 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
   const uint32_t partner_piece = piece_bytes_for(half * uint32_t(sizeof(scalar_t)));
   const uint32_t table_piece = min(piece_bytes_for(half * uint32_t(sizeof(table_t))), uint32_t(kWidth * sizeof(table_t)));
-  // Where vector v of a tile lives: its row's (b, h, s), rows in memory order ((b, s, h) when the
-  // sequence is outer, else (b, h, s)), and its first element. Recomputed after the warp's barrier
-  // rather than kept, so that registers stay few with eight loads in flight per lane.
-  struct Place {
-    bool valid;
-    uint32_t b, h, s, element;
-  };
-  auto place = [&](uint32_t tile_index, uint32_t v) -> Place {
-    const auto [row_in_tile, column] = pair.items_per_row[tensor].divmod(v);
-    const uint32_t row = tile_index * rows_per_tile + row_in_tile;
-    if (row_in_tile >= rows_per_tile || row >= rows) return {false, 0, 0, 0, 0};
-    const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
-    const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
-    return {true, b, sequence_outer ? inner_index : outer_index, sequence_outer ? outer_index : inner_index,
-            column * kWidth};
-  };
-  auto offset = [](const int64_t (&strides)[4], const Place& at) {
-    return int64_t(at.b) * strides[0] + int64_t(at.h) * strides[1] + int64_t(at.s) * strides[2] + at.element;
-  };
+  // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
+  uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
+#pragma unroll
+  for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+    const auto [row, column] = pair.items_per_row[tensor].divmod(uint32_t(lane + 32 * k));
+    row_in_tile[k] = row;
+    element[k] = column * kWidth;
+  }
   for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
        tile_index += share.blocks * kStagedWarps) {
-    // All of a lane's loads are issued before any is stored to the tile.
-    Vector staged[kStagedVectorsPerLane];
-    uint32_t valid = 0;
+    int64_t out_offset[kStagedVectorsPerLane];
+    uint32_t table_b[kStagedVectorsPerLane], table_s[kStagedVectorsPerLane];
+    bool valid[kStagedVectorsPerLane];
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      const Place at = place(tile_index, lane + 32 * k);
-      if (!at.valid) continue;
-      valid |= 1u << k;
-      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides, at), 0);
-    }
-#pragma unroll
-    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (valid & (1u << k)) tile[lane + 32 * k] = staged[k];
+      const uint32_t row = tile_index * rows_per_tile + row_in_tile[k];
+      valid[k] = row_in_tile[k] < rows_per_tile && row < rows;
+      if (!valid[k]) continue;
+      // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
+      const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
+      const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
+      const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
+      auto offset = [&](const int64_t (&strides)[4]) {
+        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + element[k];
+      };
+      tile[lane + 32 * k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
+      out_offset[k] = offset(p.out_strides);
+      table_b[k] = b;
+      table_s[k] = s;
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      const uint32_t v = lane + 32 * k;
-      const Place at = place(tile_index, v);
-      if (!at.valid) continue;
-      const uint32_t e = at.element;
-      scalar_t* out = static_cast<scalar_t*>(p.out) + offset(p.out_strides, at);
+      if (!valid[k]) continue;
+      const uint32_t v = lane + 32 * k, e = element[k];
+      scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
       if (e >= rotary_dim) {
         store_vec<kBytes>(out, 0, tile[v]);
         continue;
       }
-      const Place row_start{true, at.b, at.h, at.s, 0};
-      const table_t* cos = static_cast<const table_t*>(p.cos) + offset(p.cos_strides, row_start);
-      const table_t* sin = static_cast<const table_t*>(p.sin) + offset(p.sin_strides, row_start);
       const scalar_t* row_elements = tile_elements + (v * kWidth - e);
+      const table_t* cos = static_cast<const table_t*>(p.cos) + int64_t(table_b[k]) * p.cos_strides[0] +
+                           int64_t(table_s[k]) * p.cos_strides[2];
+      const table_t* sin = static_cast<const table_t*>(p.sin) + int64_t(table_b[k]) * p.sin_strides[0] +
+                           int64_t(table_s[k]) * p.sin_strides[2];
       opmath_t a[kWidth], other[kWidth], cos_own[kWidth], sin_used[kWidth];
       unpack_vec(tile[v], a);
       load_table(cos, e, cos_own);

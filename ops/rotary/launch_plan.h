@@ -13,9 +13,9 @@
 namespace fused_ops {
 namespace cuda {
 
-// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 4 KB of shared memory at 16 bytes
-// each): eight per lane, so that each lane has eight loads in flight.
-constexpr int kStagedWarpVectors = 256;
+// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 2 KB of shared memory at 16 bytes
+// each): four per lane, so that each lane has four loads in flight.
+constexpr int kStagedWarpVectors = 128;
 
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
