@@ -80,11 +80,18 @@ def train(args, variant):
         optimizer.zero_grad(set_to_none=True)
         return loss
 
+    def timed_step():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        loss = step()
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, loss
+
+    first_step_s = None  # the very first step: compilation included
     if args.profile:  # one step under torch.profiler after two warm-up steps: where the time goes
         from torch.profiler import ProfilerActivity, profile
-        for _ in range(2):
-            step()
-        torch.cuda.synchronize()
+        first_step_s, _ = timed_step()
+        timed_step()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
             step()
             torch.cuda.synchronize()
@@ -93,16 +100,15 @@ def train(args, variant):
             file.write(kernel_time_by_kind(profiler.events()) + "\n\n" + table)
     times = []
     for index in range(args.steps + 2):
-        torch.cuda.synchronize()
         if index == 2:
+            torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        start = time.perf_counter()
-        loss = step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
+        seconds, loss = timed_step()
+        times.append(seconds)
     step_s = statistics.median(times[2:])
+    first_step_s = times[0] if first_step_s is None else first_step_s
     return {"variant": variant, "step_ms": 1e3 * step_s, "tokens_per_s": args.batch * args.sequence / step_s,
-            "peak_gb": torch.cuda.max_memory_allocated() / 2**30, "first_step_extra_s": times[0] - step_s,
+            "peak_gb": torch.cuda.max_memory_allocated() / 2**30, "first_step_extra_s": first_step_s - step_s,
             "loss": loss.item()}
 
 
