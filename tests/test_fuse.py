@@ -162,6 +162,26 @@ def test_compiled_graph_of_the_fused_model_leaves_the_causal_mask_to_sdpa():
     torch._dynamo.reset()
 
 
+def test_exported_fused_model_keeps_the_causal_mask():
+    """torch.export keeps transformers' mask (an exported program serves whatever it is given later),
+    though torch 2.11's is_exporting() also answers True under torch.compile."""
+    stock, fused = stock_and_fused("llama", "cpu")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12))
+
+    class Logits(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids, use_cache=False).logits
+    exported = torch.export.export(Logits(fused), (ids,))
+    masks = [len(node.args) > 3 and node.args[3] is not None for node in exported.graph.nodes
+             if node.target is torch.ops.aten.scaled_dot_product_attention.default]
+    assert masks == [True] * SIZES["num_hidden_layers"]
+    torch.testing.assert_close(exported.module()(ids), Logits(stock)(ids), rtol=1e-5, atol=1e-5)
+
+
 def test_compiled_fused_model_matches_stock(device):
     stock, fused = stock_and_fused("llama", device)
     compiled = torch.compile(fused, backend="inductor" if device == "cuda" else "aot_eager")
