@@ -51,6 +51,21 @@ void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
               tensor.sym_sizes());
 }
 
+namespace {
+
+// An optional bias of a product with `weight` ([out, in], as nn.Linear stores it): 1-D of weight.size(0)
+// (`size_name` says it as the op's documentation does), of `input`'s dtype and device.
+void check_linear_bias(const char* op, const std::optional<at::Tensor>& bias, const at::Tensor& weight,
+                       const char* size_name, const char* input_name, const at::Tensor& input) {
+  if (!bias.has_value() || !bias->defined()) return;
+  check_same_dtype(op, "bias", *bias, input_name, input);
+  check_same_device(op, "bias", *bias, input_name, input);
+  TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), "fused::", op, ": expected bias to be 1-D of size ",
+              size_name, " = ", weight.sym_size(0), ", but got shape ", bias->sym_sizes());
+}
+
+}  // namespace
+
 void check_relu_add_arguments(const char* op, const at::Tensor& x, const at::Tensor& y) {
   check_floating(op, "x", x);
   check_same_dtype(op, "y", y, "x", x);
@@ -127,13 +142,7 @@ void check_silu_mul_linear_arguments(const char* op, const at::Tensor& x, const 
   TORCH_CHECK(weight.dim() == 2 && weight.sym_size(1) * 2 == x.sym_size(-1), "fused::", op,
               ": expected weight of shape [n, x.size(-1) / 2 = ", x.sym_size(-1) / 2, "] (as nn.Linear stores it), "
               "but got shape ", weight.sym_sizes());
-  if (bias.has_value() && bias->defined()) {
-    check_same_dtype(op, "bias", *bias, "x", x);
-    check_same_device(op, "bias", *bias, "x", x);
-    TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), "fused::", op,
-                ": expected bias to be 1-D of size weight.size(0) = ", weight.sym_size(0), ", but got shape ",
-                bias->sym_sizes());
-  }
+  check_linear_bias(op, bias, weight, "weight.size(0)", "x", x);
 }
 
 void check_silu_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight) {
@@ -254,13 +263,7 @@ CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const a
   TORCH_CHECK(target.sym_sizes() == input.sym_sizes().slice(0, input.dim() - 1), "fused::", op,
               ": expected target of input's leading shape ", input.sym_sizes().slice(0, input.dim() - 1),
               ", but got ", target.sym_sizes());
-  if (bias.has_value() && bias->defined()) {
-    check_same_dtype(op, "bias", *bias, "input", input);
-    check_same_device(op, "bias", *bias, "input", input);
-    TORCH_CHECK(bias->dim() == 1 && bias->sym_size(0) == weight.sym_size(0), "fused::", op,
-                ": expected bias to be 1-D of size V = weight.size(0) = ", weight.sym_size(0), ", but got shape ",
-                bias->sym_sizes());
-  }
+  check_linear_bias(op, bias, weight, "V = weight.size(0)", "input", input);
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "fused::", op,
               ": expected label_smoothing in [0, 1], but got ", label_smoothing);
   TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), "fused::", op,
