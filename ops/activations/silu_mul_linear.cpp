@@ -4,6 +4,8 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include "../common/tensors.h"
+
 namespace fused_ops {
 namespace {
 
@@ -20,9 +22,6 @@ at::Tensor silu_mul_backward(const at::Tensor& grad, const at::Tensor& x) {
   return op.call(grad, x);
 }
 
-// [..., k] as [rows, k] (a 1-D tensor as one row).
-at::Tensor as_matrix(const at::Tensor& t) { return t.dim() == 1 ? t.unsqueeze(0) : t.flatten(0, -2); }
-
 }  // namespace
 
 at::Tensor silu_mul_linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
@@ -36,9 +35,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> silu_mul_linear_backward(const at
   at::Tensor grad_x = at::empty({0}, x.options()), grad_weight = at::empty({0}, weight.options());
   at::Tensor grad_bias = at::empty({0}, weight.options());
   if (output_mask[0]) grad_x = silu_mul_backward(at::matmul(grad, weight), x);
-  const at::Tensor grad_rows = as_matrix(grad);
+  const at::Tensor grad_rows = as_rows(grad);
   // The activation exists only from here to the weight gradient's product.
-  if (output_mask[1]) grad_weight = grad_rows.t().mm(as_matrix(silu_mul(x)));
+  if (output_mask[1]) grad_weight = grad_rows.t().mm(as_rows(silu_mul(x)));
   if (output_mask[2]) grad_bias = grad_rows.sum(0);
   return {grad_x, grad_weight, grad_bias};
 }

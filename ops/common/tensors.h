@@ -2,7 +2,6 @@
 // Host-side views and outputs every family shares: an operand seen as [rows, last dim], and the one
 // way an op allocates its result (a new contiguous tensor).
 #include <ATen/ATen.h>
-#include <c10/util/accumulate.h>
 
 namespace fused_ops {
 
@@ -14,11 +13,10 @@ inline at::Tensor empty_contiguous_like(const at::Tensor& tensor) {
   return empty_contiguous(tensor.sizes(), tensor.options());
 }
 
-// `tensor` viewed as [rows, last dim] (a view when the leading dims collapse, else a copy).
+// `tensor` viewed as [rows, last dim] (a view when the leading dims collapse, else a copy; a 1-D tensor
+// as one row). Symbolic sizes pass through, so composite ops may use it under torch.compile too.
 inline at::Tensor as_rows(const at::Tensor& tensor) {
-  const int64_t columns = tensor.size(-1);
-  const int64_t rows = c10::multiply_integers(tensor.sizes().slice(0, tensor.dim() - 1));
-  return tensor.reshape({rows, columns});
+  return tensor.dim() == 1 ? tensor.unsqueeze(0) : tensor.flatten(0, -2);
 }
 
 // `tensor` as [rows, last dim] with contiguous columns (a view when possible, else a copy).

@@ -1,8 +1,8 @@
 #pragma once
-// The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or GPT-J's
-// pairs; head rows staged through each warp's shared memory for a partial rotate_half rotation), the widest vector
-// every operand of both tensors allows (16 bytes of q's dtype at most) or the strided kernel, and the
-// row order that follows each tensor's memory.
+// The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or
+// GPT-J's pairs; head rows staged through each warp's shared memory for a partial rotate_half
+// rotation), the widest vector every operand of both tensors allows (16 bytes of q's dtype at most) or
+// the strided kernel, and the row order that follows each tensor's memory.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -49,8 +49,8 @@ inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t 
     return false;
   }
   const int64_t rows = problem.sizes[0] * problem.sizes[1] * problem.sizes[2];
-  const int64_t per_row = staged ? problem.sizes[3] / width
-                                        : rotated / width + (problem.sizes[3] - problem.rotary_dim) / width;
+  const int64_t per_row =
+      staged ? problem.sizes[3] / width : rotated / width + (problem.sizes[3] - problem.rotary_dim) / width;
   const int64_t items = rows * per_row;
   return items < std::numeric_limits<int32_t>::max();
 }
