@@ -81,19 +81,36 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_strided_kernel(Rotary
   }
 }
 
-// kWidth elements of a table row in opmath, in loads of at most 16 bytes (a float32 table under a
-// 16-bit q takes two per 16-byte vector of q).
+// kBytes from `first` (global or shared memory) as they are, in loads of `piece_bytes` (a power of two
+// up to 16 that `first`'s alignment allows): a table row's run, or partners R/2 elements away.
+template <int kBytes, typename T>
+__device__ __forceinline__ Vec<T, kBytes> load_run(const T* first, uint32_t piece_bytes) {
+  Vec<T, kBytes> run;
+  auto read = [&](auto piece) {
+    constexpr int kPiece = decltype(piece)::value;
+#pragma unroll
+    for (int c = 0; c < kBytes / kPiece; ++c) {
+      reinterpret_cast<Vec<T, kPiece>*>(&run)[c] =
+          *reinterpret_cast<const Vec<T, kPiece>*>(first + c * (kPiece / int(sizeof(T))));
+    }
+  };
+  if constexpr (kBytes >= 16) {
+    if (piece_bytes >= 16) return read(std::integral_constant<int, 16>{}), run;
+  }
+  if constexpr (kBytes >= 8 && sizeof(T) <= 8) {
+    if (piece_bytes >= 8) return read(std::integral_constant<int, 8>{}), run;
+  }
+  if constexpr (kBytes >= 4 && sizeof(T) <= 4) {
+    if (piece_bytes >= 4) return read(std::integral_constant<int, 4>{}), run;
+  }
+  return read(std::integral_constant<int, int(sizeof(T))>{}), run;
+}
+
+// kWidth elements of a table row from an aligned element, in opmath (a float32 table under a 16-bit q
+// takes two 16-byte loads per 16-byte vector of q).
 template <int kWidth, typename table_t, typename opmath_t>
 __device__ __forceinline__ void load_table(const table_t* row, int64_t element, opmath_t (&values)[kWidth]) {
-  constexpr int kBytes = kWidth * int(sizeof(table_t)) < 16 ? kWidth * int(sizeof(table_t)) : 16;
-  constexpr int kPerLoad = kBytes / int(sizeof(table_t));
-#pragma unroll
-  for (int chunk = 0; chunk < kWidth / kPerLoad; ++chunk) {
-    opmath_t part[kPerLoad];
-    unpack_vec(load_vec<kBytes>(row + element + chunk * kPerLoad, 0), part);
-#pragma unroll
-    for (int j = 0; j < kPerLoad; ++j) values[chunk * kPerLoad + j] = part[j];
-  }
+  unpack_vec(load_run<kWidth * int(sizeof(table_t))>(row + element, 16), values);
 }
 
 // Heads one thread of the vectorized kernel rotates with the cos/sin values it loads once: the tables'
@@ -187,42 +204,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
 }
 
 // A partial rotation (R < D, rotate_half), whose partners R/2 away need not fall on vector boundaries:
-// each warp loads a tile of whole head rows with full-width vectors into its own shared memory, then
-// each lane writes its vectors, reading the partners from the tile in the widest pieces R/2 allows.
-// Loads and stores stay full-width and coalesced, and warps never wait for each other.
+// each warp loads a tile of whole head rows with full-width vectors, keeps the rotated ones in its own
+// shared memory, then each lane writes its vectors, reading the partners from the tile in the widest
+// pieces R/2 allows. Every global load of a tile (q or k and the table runs) is issued before the first
+// store: a store between them would order them one after another, as the compiler cannot tell the
+// pointers apart. Loads and stores stay full-width and coalesced, and warps never wait for each other.
 constexpr int kStagedWarps = kThreadsPerBlock / 32;
 constexpr int kStagedVectorsPerLane = kStagedWarpVectors / 32;
-// Blocks an SM holds at once (at most 64 registers a thread, without spills): enough warps to keep the
-// loads of some in flight while others compute.
-constexpr int kStagedBlocksPerSM = 4;
-
-// kWidth consecutive elements from `first` (shared or global memory) in opmath, read in pieces of
-// `piece_bytes` (a power of two that `first`'s alignment allows).
-template <int kWidth, typename T, typename opmath_t>
-__device__ __forceinline__ void load_elements(const T* first, uint32_t piece_bytes, opmath_t (&values)[kWidth]) {
-  constexpr int kBytes = kWidth * int(sizeof(T));
-  auto read = [&](auto piece) {
-    constexpr int kPiece = decltype(piece)::value;
-    constexpr int kPerPiece = kPiece / int(sizeof(T));
-#pragma unroll
-    for (int c = 0; c < kWidth / kPerPiece; ++c) {
-      opmath_t part[kPerPiece];
-      unpack_vec(*reinterpret_cast<const Vec<T, kPiece>*>(first + c * kPerPiece), part);
-#pragma unroll
-      for (int j = 0; j < kPerPiece; ++j) values[c * kPerPiece + j] = part[j];
-    }
-  };
-  if constexpr (kBytes >= 16) {
-    if (piece_bytes >= 16) return read(std::integral_constant<int, 16>{});
-  }
-  if constexpr (kBytes >= 8 && sizeof(T) <= 8) {
-    if (piece_bytes >= 8) return read(std::integral_constant<int, 8>{});
-  }
-  if constexpr (kBytes >= 4 && sizeof(T) <= 4) {
-    if (piece_bytes >= 4) return read(std::integral_constant<int, 4>{});
-  }
-  read(std::integral_constant<int, int(sizeof(T))>{});
-}
+// Blocks an SM holds at once (at most 80 registers a thread): the registers hold each lane's vectors
+// and their table runs between the loads and the stores.
+constexpr int kStagedBlocksPerSM = 3;
 
 // The largest power of two up to 16 dividing `bytes` (R/2 elements' worth): how a partner R/2 away
 // from an aligned vector may be read.
@@ -233,7 +224,9 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  constexpr int kTableBytes = kWidth * int(sizeof(table_t));
   using Vector = Vec<scalar_t, kBytes>;
+  using TableRun = Vec<table_t, kTableBytes>;
   __shared__ Vector tiles[kStagedWarps][kStagedWarpVectors];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Vector* tile = tiles[warp];
@@ -247,7 +240,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   const uint32_t tile_count = (rows + rows_per_tile - 1) / rows_per_tile;
   const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
   const uint32_t partner_piece = piece_bytes_for(half * uint32_t(sizeof(scalar_t)));
-  const uint32_t table_piece = min(piece_bytes_for(half * uint32_t(sizeof(table_t))), uint32_t(kWidth * sizeof(table_t)));
+  const uint32_t table_piece = min(piece_bytes_for(half * uint32_t(sizeof(table_t))), uint32_t(kTableBytes));
   // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
   uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
 #pragma unroll
@@ -258,68 +251,70 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   }
   for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
        tile_index += share.blocks * kStagedWarps) {
+    Vector staged[kStagedVectorsPerLane];
+    TableRun cos_run[kStagedVectorsPerLane], sin_run[kStagedVectorsPerLane];
     int64_t out_offset[kStagedVectorsPerLane];
-    uint32_t table_b[kStagedVectorsPerLane], table_s[kStagedVectorsPerLane];
-    bool valid[kStagedVectorsPerLane];
+    uint32_t valid = 0;
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      const uint32_t row = tile_index * rows_per_tile + row_in_tile[k];
-      valid[k] = row_in_tile[k] < rows_per_tile && row < rows;
-      if (!valid[k]) continue;
+      const uint32_t row = tile_index * rows_per_tile + row_in_tile[k], e = element[k];
+      if (row_in_tile[k] >= rows_per_tile || row >= rows) continue;
+      valid |= 1u << k;
       // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
       const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
       const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
       const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
       auto offset = [&](const int64_t (&strides)[4]) {
-        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + element[k];
+        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + e;
       };
-      tile[lane + 32 * k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
+      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
       out_offset[k] = offset(p.out_strides);
-      table_b[k] = b;
-      table_s[k] = s;
+      if (e >= rotary_dim) continue;
+      const table_t* cos = static_cast<const table_t*>(p.cos) + offset(p.cos_strides);
+      const table_t* sin = static_cast<const table_t*>(p.sin) + offset(p.sin_strides) - e;
+      cos_run[k] = load_run<kTableBytes>(cos, 16);
+      // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
+      // second; the transposed rotation takes sin at the partner's position and the other signs.
+      if (!p.transposed) {
+        sin_run[k] = load_run<kTableBytes>(sin + e, 16);
+      } else if (e + kWidth <= half || e >= half) {
+        sin_run[k] = load_run<kTableBytes>(sin + (e < half ? e + half : e - half), table_piece);
+      } else {
+#pragma unroll
+        for (int i = 0; i < kWidth; ++i) sin_run[k].values[i] = sin[e + i < half ? e + i + half : e + i - half];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+      if ((valid >> k & 1) && element[k] < rotary_dim) tile[lane + 32 * k] = staged[k];
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (!valid[k]) continue;
+      if (!(valid >> k & 1)) continue;
       const uint32_t v = lane + 32 * k, e = element[k];
       scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
       if (e >= rotary_dim) {
-        store_vec<kBytes>(out, 0, tile[v]);
+        store_vec<kBytes>(out, 0, staged[k]);
         continue;
       }
       const scalar_t* row_elements = tile_elements + (v * kWidth - e);
-      const table_t* cos = static_cast<const table_t*>(p.cos) + int64_t(table_b[k]) * p.cos_strides[0] +
-                           int64_t(table_s[k]) * p.cos_strides[2];
-      const table_t* sin = static_cast<const table_t*>(p.sin) + int64_t(table_b[k]) * p.sin_strides[0] +
-                           int64_t(table_s[k]) * p.sin_strides[2];
       opmath_t a[kWidth], other[kWidth], cos_own[kWidth], sin_used[kWidth];
-      unpack_vec(tile[v], a);
-      load_table(cos, e, cos_own);
-      // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
-      // second; the transposed rotation takes sin at the partner's position and the other signs. A vector
-      // inside one half reads its partners as one run; one across the middle, element by element.
+      unpack_vec(staged[k], a);
+      unpack_vec(cos_run[k], cos_own);
+      unpack_vec(sin_run[k], sin_used);
+      // A vector inside one half reads its partners as one run; one across the middle, element by element.
       const bool in_first = e + kWidth <= half, in_second = e >= half;
       if (in_first || in_second) {
-        const uint32_t partner = in_first ? e + half : e - half;
-        load_elements(row_elements + partner, partner_piece, other);
-        if (p.transposed) {
-          load_elements(sin + partner, table_piece, sin_used);
-        } else {
-          load_table(sin, e, sin_used);
-        }
-        const opmath_t sign = (in_first != p.transposed) ? opmath_t(-1) : opmath_t(1);
-#pragma unroll
-        for (int i = 0; i < kWidth; ++i) a[i] = a[i] * cos_own[i] + sign * (other[i] * sin_used[i]);
+        unpack_vec(load_run<kBytes>(row_elements + (in_first ? e + half : e - half), partner_piece), other);
       } else {
 #pragma unroll
-        for (int i = 0; i < kWidth; ++i) {
-          const bool first_half = e + i < half;
-          const uint32_t partner = first_half ? e + i + half : e + i - half;
-          const opmath_t sin_value = static_cast<opmath_t>(sin[p.transposed ? partner : e + i]);
-          const opmath_t sign = (first_half != p.transposed) ? opmath_t(-1) : opmath_t(1);
-          a[i] = a[i] * cos_own[i] + sign * (static_cast<opmath_t>(row_elements[partner]) * sin_value);
-        }
+        for (int i = 0; i < kWidth; ++i) other[i] = static_cast<opmath_t>(row_elements[e + i < half ? e + i + half : e + i - half]);
+      }
+#pragma unroll
+      for (int i = 0; i < kWidth; ++i) {
+        const opmath_t sign = ((e + i < half) != p.transposed) ? opmath_t(-1) : opmath_t(1);
+        a[i] = a[i] * cos_own[i] + sign * (other[i] * sin_used[i]);
       }
       store_vec<kBytes>(out, 0, pack_vec<scalar_t, kBytes>(a));
     }
