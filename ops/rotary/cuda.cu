@@ -3,6 +3,7 @@
 // launch_plan.h) with rows in the tensor's memory order, so the cos/sin rows that the heads of one
 // position share stay in cache; the strided kernel takes any strides, one pair per thread.
 #include <ATen/OpMathType.h>
+#include <array>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -30,6 +31,7 @@ struct RotaryPair {
   Divider inner[2];  // heads (or head groups) when the sequence is outer, else the sequence
   Divider outer[2];
   uint32_t rows_per_tile[2];  // rotary_staged_kernel's whole rows per warp's tile
+  Divider pairs_per_row[2];  // and its pairs of runs per row
 };
 
 struct BlockShare {
@@ -81,36 +83,36 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_strided_kernel(Rotary
   }
 }
 
-// kBytes from `first` (global or shared memory) as they are, in loads of `piece_bytes` (a power of two
-// up to 16 that `first`'s alignment allows): a table row's run, or partners R/2 elements away.
-template <int kBytes, typename T>
-__device__ __forceinline__ Vec<T, kBytes> load_run(const T* first, uint32_t piece_bytes) {
-  Vec<T, kBytes> run;
-  auto read = [&](auto piece) {
-    constexpr int kPiece = decltype(piece)::value;
+// The word one load of kBytes moves.
+template <int kBytes>
+struct LoadWord;
+template <>
+struct LoadWord<16> { using type = uint4; };
+template <>
+struct LoadWord<8> { using type = uint2; };
+template <>
+struct LoadWord<4> { using type = unsigned int; };
+template <>
+struct LoadWord<2> { using type = unsigned short; };
+
+// kWidth elements of a table row from an element aligned to them (as they are, or in opmath), in loads
+// of at most 16 bytes through the read-only path: the compiler may then issue them ahead of earlier stores, which it
+// could not otherwise tell apart from the tables.
+template <int kWidth, typename table_t>
+__device__ __forceinline__ Vec<table_t, kWidth * int(sizeof(table_t))> load_table_run(const table_t* first) {
+  constexpr int kBytes = kWidth * int(sizeof(table_t));
+  using Word = typename LoadWord<(kBytes < 16 ? kBytes : 16)>::type;
+  Vec<table_t, kBytes> run;
 #pragma unroll
-    for (int c = 0; c < kBytes / kPiece; ++c) {
-      reinterpret_cast<Vec<T, kPiece>*>(&run)[c] =
-          *reinterpret_cast<const Vec<T, kPiece>*>(first + c * (kPiece / int(sizeof(T))));
-    }
-  };
-  if constexpr (kBytes >= 16) {
-    if (piece_bytes >= 16) return read(std::integral_constant<int, 16>{}), run;
+  for (int c = 0; c < int(kBytes / sizeof(Word)); ++c) {
+    reinterpret_cast<Word*>(&run)[c] = __ldg(reinterpret_cast<const Word*>(first) + c);
   }
-  if constexpr (kBytes >= 8 && sizeof(T) <= 8) {
-    if (piece_bytes >= 8) return read(std::integral_constant<int, 8>{}), run;
-  }
-  if constexpr (kBytes >= 4 && sizeof(T) <= 4) {
-    if (piece_bytes >= 4) return read(std::integral_constant<int, 4>{}), run;
-  }
-  return read(std::integral_constant<int, int(sizeof(T))>{}), run;
+  return run;
 }
 
-// kWidth elements of a table row from an aligned element, in opmath (a float32 table under a 16-bit q
-// takes two 16-byte loads per 16-byte vector of q).
 template <int kWidth, typename table_t, typename opmath_t>
 __device__ __forceinline__ void load_table(const table_t* row, int64_t element, opmath_t (&values)[kWidth]) {
-  unpack_vec(load_run<kWidth * int(sizeof(table_t))>(row + element, 16), values);
+  unpack_vec(load_table_run<kWidth>(row + element), values);
 }
 
 // Heads one thread of the vectorized kernel rotates with the cos/sin values it loads once: the tables'
@@ -203,120 +205,125 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
   }
 }
 
-// A partial rotation (R < D, rotate_half), whose partners R/2 away need not fall on vector boundaries:
-// each warp loads a tile of whole head rows with full-width vectors, keeps the rotated ones in its own
-// shared memory, then each lane writes its vectors, reading the partners from the tile in the widest
-// pieces R/2 allows. Every global load of a tile (q or k and the table runs) is issued before the first
-// store: a store between them would order them one after another, as the compiler cannot tell the
-// pointers apart. Loads and stores stay full-width and coalesced, and warps never wait for each other.
+// A partial rotation (R < D, rotate_half), whose partners R/2 away need not fall on vector boundaries.
+// Each warp stages a tile of whole head rows in its own shared memory with full-width loads, rotates
+// the pairs of runs (j, j + R/2) in place, each run as wide as R/2 allows, and stores the rows with
+// full-width stores. Every lane does the same work in each step, and warps never wait for each other.
 constexpr int kStagedWarps = kThreadsPerBlock / 32;
 constexpr int kStagedVectorsPerLane = kStagedWarpVectors / 32;
-// Blocks an SM holds at once (at most 80 registers a thread): the registers hold each lane's vectors
-// and their table runs between the loads and the stores.
+// Blocks an SM holds at once: 80 registers a thread hold a lane's loads in flight without spills.
 constexpr int kStagedBlocksPerSM = 3;
-
-// The largest power of two up to 16 dividing `bytes` (R/2 elements' worth): how a partner R/2 away
-// from an aligned vector may be read.
-__device__ __forceinline__ uint32_t piece_bytes_for(uint32_t bytes) { return min(16u, bytes & (0u - bytes)); }
 
 template <typename scalar_t, typename table_t, int kWidth>
 __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_staged_kernel(RotaryPair pair) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
-  constexpr int kTableBytes = kWidth * int(sizeof(table_t));
   using Vector = Vec<scalar_t, kBytes>;
-  using TableRun = Vec<table_t, kTableBytes>;
   __shared__ Vector tiles[kStagedWarps][kStagedWarpVectors];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   Vector* tile = tiles[warp];
-  const scalar_t* tile_elements = reinterpret_cast<const scalar_t*>(tile);
+  scalar_t* tile_elements = reinterpret_cast<scalar_t*>(tile);
   const BlockShare share = block_share(pair.first_blocks);
   const int tensor = share.tensor;
   const RotaryProblem& p = pair.tensors[tensor];
   const bool sequence_outer = pair.sequence_outer[tensor];
+  const Divider& vectors_per_row = pair.items_per_row[tensor];
+  const Divider& pairs_per_row = pair.pairs_per_row[tensor];
+  const uint32_t head_dim = vectors_per_row.divisor * kWidth;
   const uint32_t rows = uint32_t(p.sizes[0] * p.sizes[1] * p.sizes[2]);
   const uint32_t rows_per_tile = pair.rows_per_tile[tensor];
   const uint32_t tile_count = (rows + rows_per_tile - 1) / rows_per_tile;
-  const uint32_t rotary_dim = p.rotary_dim, half = rotary_dim / 2;
-  const uint32_t partner_piece = piece_bytes_for(half * uint32_t(sizeof(scalar_t)));
-  const uint32_t table_piece = min(piece_bytes_for(half * uint32_t(sizeof(table_t))), uint32_t(kTableBytes));
+  const uint32_t half = p.rotary_dim / 2;
+  const uint32_t run_bytes = half / pairs_per_row.divisor * uint32_t(sizeof(scalar_t));
+  // A row of the tensor in memory order ((b, s, h) when the sequence is outer, else (b, h, s)).
+  auto place = [&](uint32_t row) {
+    const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
+    const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
+    return std::array<uint32_t, 3>{b, sequence_outer ? inner_index : outer_index,
+                                   sequence_outer ? outer_index : inner_index};
+  };
   // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
   uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
 #pragma unroll
   for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-    const auto [row, column] = pair.items_per_row[tensor].divmod(uint32_t(lane + 32 * k));
+    const auto [row, column] = vectors_per_row.divmod(uint32_t(lane + 32 * k));
     row_in_tile[k] = row;
     element[k] = column * kWidth;
   }
+  // Rotates the pairs of runs of kRun elements of the tile's first `tile_rows` rows in place.
+  auto rotate_runs = [&](auto run, uint32_t first_row, uint32_t tile_rows) {
+    constexpr int kRun = decltype(run)::value;
+    using Run = Vec<scalar_t, kRun * int(sizeof(scalar_t))>;
+    for (uint32_t item = lane; item < tile_rows * pairs_per_row.divisor; item += 32) {
+      const auto [row, pair_index] = pairs_per_row.divmod(item);
+      const auto [b, h, s] = place(first_row + row);
+      const uint32_t ja = pair_index * kRun, jb = ja + half;
+      const table_t* cos = static_cast<const table_t*>(p.cos) + int64_t(b) * p.cos_strides[0] + int64_t(s) * p.cos_strides[2];
+      const table_t* sin = static_cast<const table_t*>(p.sin) + int64_t(b) * p.sin_strides[0] + int64_t(s) * p.sin_strides[2];
+      using TableRun = Vec<table_t, kRun * int(sizeof(table_t))>;
+      const TableRun cos_a = load_table_run<kRun>(cos + ja), cos_b = load_table_run<kRun>(cos + jb);
+      const TableRun sin_a = load_table_run<kRun>(sin + ja), sin_b = load_table_run<kRun>(sin + jb);
+      Run* first = reinterpret_cast<Run*>(tile_elements + row * head_dim + ja);
+      Run* second = reinterpret_cast<Run*>(tile_elements + row * head_dim + jb);
+      const Run x_a = *first, x_b = *second;
+      // Elements are converted one at a time: the runs stay packed in registers until then.
+      opmath_t a[kRun], c[kRun];
+#pragma unroll
+      for (int i = 0; i < kRun; ++i) {
+        a[i] = static_cast<opmath_t>(x_a.values[i]);
+        c[i] = static_cast<opmath_t>(x_b.values[i]);
+        rotate_pair(a[i], c[i], static_cast<opmath_t>(cos_a.values[i]), static_cast<opmath_t>(cos_b.values[i]),
+                    static_cast<opmath_t>(sin_a.values[i]), static_cast<opmath_t>(sin_b.values[i]), p.transposed);
+      }
+      *first = pack_vec<scalar_t, int(sizeof(Run))>(a);
+      *second = pack_vec<scalar_t, int(sizeof(Run))>(c);
+    }
+  };
   for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
        tile_index += share.blocks * kStagedWarps) {
+    const uint32_t first_row = tile_index * rows_per_tile;
+    const uint32_t tile_rows = min(rows_per_tile, rows - first_row);
+    // Every load of the tile is issued before the first store to it.
     Vector staged[kStagedVectorsPerLane];
-    TableRun cos_run[kStagedVectorsPerLane], sin_run[kStagedVectorsPerLane];
-    int64_t out_offset[kStagedVectorsPerLane];
-    uint32_t valid = 0;
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      const uint32_t row = tile_index * rows_per_tile + row_in_tile[k], e = element[k];
-      if (row_in_tile[k] >= rows_per_tile || row >= rows) continue;
-      valid |= 1u << k;
-      // Rows in memory order: (b, s, h) when the sequence is outer, else (b, h, s).
-      const auto [rest, inner_index] = pair.inner[tensor].divmod(row);
-      const auto [b, outer_index] = pair.outer[tensor].divmod(rest);
-      const uint32_t h = sequence_outer ? inner_index : outer_index, s = sequence_outer ? outer_index : inner_index;
+      if (row_in_tile[k] >= tile_rows) continue;
+      const auto [b, h, s] = place(first_row + row_in_tile[k]);
       auto offset = [&](const int64_t (&strides)[4]) {
-        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + e;
+        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + element[k];
       };
       staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
-      out_offset[k] = offset(p.out_strides);
-      if (e >= rotary_dim) continue;
-      const table_t* cos = static_cast<const table_t*>(p.cos) + offset(p.cos_strides);
-      const table_t* sin = static_cast<const table_t*>(p.sin) + offset(p.sin_strides) - e;
-      cos_run[k] = load_run<kTableBytes>(cos, 16);
-      // out[e] = x[e] cos[e] - x[e + R/2] sin[e] in the first half, x[e] cos[e] + x[e - R/2] sin[e] in the
-      // second; the transposed rotation takes sin at the partner's position and the other signs.
-      if (!p.transposed) {
-        sin_run[k] = load_run<kTableBytes>(sin + e, 16);
-      } else if (e + kWidth <= half || e >= half) {
-        sin_run[k] = load_run<kTableBytes>(sin + (e < half ? e + half : e - half), table_piece);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kWidth; ++i) sin_run[k].values[i] = sin[e + i < half ? e + i + half : e + i - half];
-      }
     }
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if ((valid >> k & 1) && element[k] < rotary_dim) tile[lane + 32 * k] = staged[k];
+      if (row_in_tile[k] < tile_rows) tile[lane + 32 * k] = staged[k];
+    }
+    __syncwarp();
+    // The runs' width, chosen by the launch plan (a power of two up to a vector; 0: nothing rotates).
+    switch (run_bytes) {
+      case 0:
+        break;
+      case 16:
+        if constexpr (kBytes >= 16) rotate_runs(std::integral_constant<int, 16 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        break;
+      case 8:
+        if constexpr (kBytes >= 8 && sizeof(scalar_t) <= 8) rotate_runs(std::integral_constant<int, 8 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        break;
+      case 4:
+        if constexpr (kBytes >= 4 && sizeof(scalar_t) <= 4) rotate_runs(std::integral_constant<int, 4 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        break;
+      default:
+        rotate_runs(std::integral_constant<int, 1>{}, first_row, tile_rows);
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (!(valid >> k & 1)) continue;
-      const uint32_t v = lane + 32 * k, e = element[k];
-      scalar_t* out = static_cast<scalar_t*>(p.out) + out_offset[k];
-      if (e >= rotary_dim) {
-        store_vec<kBytes>(out, 0, staged[k]);
-        continue;
-      }
-      const scalar_t* row_elements = tile_elements + (v * kWidth - e);
-      opmath_t a[kWidth], other[kWidth], cos_own[kWidth], sin_used[kWidth];
-      unpack_vec(staged[k], a);
-      unpack_vec(cos_run[k], cos_own);
-      unpack_vec(sin_run[k], sin_used);
-      // A vector inside one half reads its partners as one run; one across the middle, element by element.
-      const bool in_first = e + kWidth <= half, in_second = e >= half;
-      if (in_first || in_second) {
-        unpack_vec(load_run<kBytes>(row_elements + (in_first ? e + half : e - half), partner_piece), other);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kWidth; ++i) other[i] = static_cast<opmath_t>(row_elements[e + i < half ? e + i + half : e + i - half]);
-      }
-#pragma unroll
-      for (int i = 0; i < kWidth; ++i) {
-        const opmath_t sign = ((e + i < half) != p.transposed) ? opmath_t(-1) : opmath_t(1);
-        a[i] = a[i] * cos_own[i] + sign * (other[i] * sin_used[i]);
-      }
-      store_vec<kBytes>(out, 0, pack_vec<scalar_t, kBytes>(a));
+      if (row_in_tile[k] >= tile_rows) continue;
+      // Places are recomputed rather than kept from the loads: registers hold the loads in flight.
+      const auto [b, h, s] = place(first_row + row_in_tile[k]);
+      const int64_t offset = int64_t(b) * p.out_strides[0] + int64_t(h) * p.out_strides[1] + int64_t(s) * p.out_strides[2];
+      store_vec<kBytes>(static_cast<scalar_t*>(p.out) + offset + element[k], 0, tile[lane + 32 * k]);
     }
     __syncwarp();
   }
@@ -388,7 +395,11 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
         pair.items_per_row[t] = Divider(std::max<int64_t>(1, per_row));
         pair.inner[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? groups : sequence));
         pair.outer[t] = Divider(std::max<int64_t>(1, plan.sequence_outer[t] ? sequence : groups));
-        if (plan.staged) pair.rows_per_tile[t] = uint32_t(rotary_rows_per_tile(problem, plan));
+        if (plan.staged) {
+          pair.rows_per_tile[t] = uint32_t(rotary_rows_per_tile(problem, plan));
+          pair.pairs_per_row[t] = Divider(uint32_t(std::max<int64_t>(
+              1, problem.rotary_dim / 2 / rotary_run_elements(problem, plan.vector_elements))));
+        }
       }
     }
     // Each tensor's share of the grid is capped at half of grid_size's cap; the kernels loop.

@@ -1,8 +1,9 @@
 #pragma once
 // The rotary family's launch policy: the kernel (rotated pairs of vectors for a whole rotation or
 // GPT-J's pairs; head rows staged through each warp's shared memory for a partial rotate_half
-// rotation), the widest vector every operand of both tensors allows (16 bytes of q's dtype at most) or
-// the strided kernel, and the row order that follows each tensor's memory.
+// rotation, its pairs rotated in runs as wide as R/2 allows), the widest vector every operand of both
+// tensors allows (16 bytes of q's dtype at most) or the strided kernel, and the row order that follows
+// each tensor's memory.
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -13,9 +14,10 @@
 namespace fused_ops {
 namespace cuda {
 
-// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 2 KB of shared memory at 16 bytes
-// each): four per lane, so that each lane has four loads in flight.
-constexpr int kStagedWarpVectors = 128;
+// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 3 KB of shared memory at 16 bytes
+// each): six per lane, so that each lane has six loads in flight, the most its registers hold at three
+// blocks an SM.
+constexpr int kStagedWarpVectors = 192;
 
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
@@ -26,13 +28,13 @@ struct RotaryLaunchPlan {
 // Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
 // `width`, pointers aligned to the vector, and 32-bit row and item counts.
-// `staged` vectors are whole rows' vectors, each all rotated or all passed through (R a multiple of the
-// width, R/2 need not be), and a tile of kStagedWarpVectors holds at least one row.
+// `staged` vectors are whole rows' vectors (D a multiple of the width; R and R/2 need not be), and a tile
+// of kStagedWarpVectors holds at least one row.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
                                int64_t table_element_size, bool staged) {
-  const int64_t rotated = staged ? problem.rotary_dim : problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+  const int64_t rotated = staged ? 0 : problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
   if (rotated % width != 0) return false;
-  if ((problem.sizes[3] - problem.rotary_dim) % width != 0) return false;
+  if ((problem.sizes[3] - (staged ? 0 : problem.rotary_dim)) % width != 0) return false;
   if (staged && problem.sizes[3] / width > kStagedWarpVectors) return false;
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
@@ -53,6 +55,15 @@ inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t 
       staged ? problem.sizes[3] / width : rotated / width + (problem.sizes[3] - problem.rotary_dim) / width;
   const int64_t items = rows * per_row;
   return items < std::numeric_limits<int32_t>::max();
+}
+
+// The staged kernel's runs of rotated pairs (j, j + R/2): the widest power of two of elements, up to a
+// vector of `width`, that R/2 is a multiple of, so that both runs of a pair keep the tile's alignment.
+inline int64_t rotary_run_elements(const RotaryProblem& problem, int width) {
+  const int64_t half = problem.rotary_dim / 2;
+  int64_t run = width;
+  while (run > 1 && half % run != 0) run /= 2;
+  return run;
 }
 
 inline RotaryLaunchPlan plan_rotary(const RotaryProblem (&problems)[2], int64_t element_size,
