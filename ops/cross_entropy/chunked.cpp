@@ -70,6 +70,30 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
   gradients[2] = gradients[2] && has_bias;
   const bool any_gradient = gradients[0] || gradients[1] || gradients[2];
 
+  const int64_t chunk_rows = rows == 0 ? 0 : plan_cross_entropy_chunk_rows(rows, classes, x.element_size(),
+                                                                           backend.available_bytes);
+  at::Tensor buffer;
+  if (chunk_rows > 0) {
+    buffer = at::empty({chunk_rows, cross_entropy_row_stride(classes, x.element_size())}, x.options())
+                 .narrow(1, 0, classes);
+  }
+  const at::Tensor weight_t = weight.t();
+  // The logits of the rows from `start` into the chunk buffer.
+  auto logits_product = [&](int64_t start, int64_t count) {
+    at::Tensor logits = buffer.narrow(0, 0, count);
+    const at::Tensor x_chunk = x.narrow(0, start, count);
+    if (has_bias) {
+      at::addmm_out(logits, *bias, x_chunk, weight_t);
+    } else {
+      at::mm_out(logits, x_chunk, weight_t);
+    }
+    return logits;
+  };
+  // The first chunk's product is queued before the small kernels of the setup below: the device runs it
+  // while the host launches them, where it would otherwise wait for each launch.
+  at::Tensor first_logits;
+  if (chunk_rows > 0) first_logits = logits_product(0, std::min(chunk_rows, rows));
+
   at::Tensor loss_rows = at::empty({rows}, loss_options);
   at::Tensor counted;  // rows not ignored, for the mean
   if (options.reduction == Reduction::Mean) counted = targets.ne(options.ignore_index).sum().to(loss_dtype).clamp_min(1);
@@ -89,25 +113,12 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
   at::Tensor grad_weight = gradients[1] ? at::empty_like(weight, at::MemoryFormat::Contiguous) : at::empty({0}, weight.options());
   at::Tensor grad_bias_sum = gradients[2] ? at::zeros({classes}, loss_options) : at::Tensor();
 
-  const int64_t chunk_rows = rows == 0 ? 0 : plan_cross_entropy_chunk_rows(rows, classes, x.element_size(),
-                                                                           backend.available_bytes);
-  at::Tensor buffer;
-  if (chunk_rows > 0) {
-    buffer = at::empty({chunk_rows, cross_entropy_row_stride(classes, x.element_size())}, x.options())
-                 .narrow(1, 0, classes);
-  }
   std::optional<TargetRangeCheck> target_check;
   if (backend.check_targets && rows > 0) target_check = start_target_range_check(targets, classes, options.ignore_index);
-  const at::Tensor weight_t = weight.t();
   for (int64_t start = 0; start < rows; start += chunk_rows) {
     const int64_t count = std::min(chunk_rows, rows - start);
-    at::Tensor logits = buffer.narrow(0, 0, count);
+    const at::Tensor logits = start == 0 ? first_logits : logits_product(start, count);
     const at::Tensor x_chunk = x.narrow(0, start, count);
-    if (has_bias) {
-      at::addmm_out(logits, *bias, x_chunk, weight_t);
-    } else {
-      at::mm_out(logits, x_chunk, weight_t);
-    }
     CrossEntropyRows chunk{};
     chunk.logits = logits.data_ptr();
     chunk.row_stride = logits.stride(0);

@@ -9,7 +9,10 @@
 namespace fused_ops {
 
 constexpr int64_t kMegabyte = int64_t(1) << 20;
-// The plan's largest chunk, and the free memory above which the free-memory cap cannot bind.
+// The plan's smallest and largest chunks (below the smallest, the weight gradient's read-modify-write
+// per chunk costs more than a smaller chunk saves), and the free memory above which the free-memory
+// cap cannot bind.
+constexpr int64_t kSmallestChunkBytes = 120 * kMegabyte;
 constexpr int64_t kLargestChunkBytes = 512 * kMegabyte;
 constexpr int64_t kMemoryNeverBinding = 8 * kLargestChunkBytes;
 
@@ -26,18 +29,23 @@ inline int64_t requested_chunk_bytes() {
   return setting == nullptr ? 0 : std::max<int64_t>(0, std::atoll(setting)) * kMegabyte;
 }
 
-// An eighth of the whole logits, held between 64 MB and 512 MB, and at most an eighth of the memory
-// available; whole multiples of 64 rows once a chunk is that large.
+// At most an eighth of the whole logits, held between 120 MB and 512 MB, and at most an eighth of the
+// memory available; then the rows split evenly into as few chunks as that allows (a short last chunk
+// runs its products at a fraction of the others' speed), whole multiples of 64 rows once that large.
 inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
                                              int64_t available_bytes) {
   const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
   const int64_t whole = rows * row_bytes;
-  int64_t budget = std::clamp<int64_t>(whole / 8, 64 * kMegabyte, kLargestChunkBytes);
+  int64_t budget = std::clamp<int64_t>(whole / 8, kSmallestChunkBytes, kLargestChunkBytes);
   budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
   if (requested_chunk_bytes() > 0) budget = requested_chunk_bytes();
-  int64_t chunk = std::max<int64_t>(1, budget / row_bytes);
-  if (chunk > 64) chunk = chunk / 64 * 64;
-  return std::max<int64_t>(1, std::min(chunk, rows));
+  int64_t largest = std::max<int64_t>(1, budget / row_bytes);
+  if (largest > 64) largest = largest / 64 * 64;
+  if (largest >= rows) return std::max<int64_t>(1, rows);
+  const int64_t chunks = (rows + largest - 1) / largest;
+  int64_t chunk = (rows + chunks - 1) / chunks;
+  if (chunk > 64) chunk = std::min(largest, (chunk + 63) / 64 * 64);
+  return chunk;
 }
 
 }  // namespace fused_ops

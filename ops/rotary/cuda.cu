@@ -27,6 +27,7 @@ struct RotaryPair {
   RotaryProblem tensors[2];
   unsigned int first_blocks;
   bool sequence_outer[2];
+  bool dense_rows[2];  // rotary_staged_kernel's rows r of q (k) and its output at r * D
   Divider items_per_row[2];
   Divider inner[2];  // heads (or head groups) when the sequence is outer, else the sequence
   Divider outer[2];
@@ -243,6 +244,12 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     return std::array<uint32_t, 3>{b, sequence_outer ? inner_index : outer_index,
                                    sequence_outer ? outer_index : inner_index};
   };
+  const bool dense_rows = pair.dense_rows[tensor];
+  auto row_offset = [&](uint32_t row, const int64_t (&strides)[4]) {
+    if (dense_rows) return int64_t(row) * head_dim;
+    const auto [b, h, s] = place(row);
+    return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
+  };
   // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
   uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
 #pragma unroll
@@ -252,7 +259,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     element[k] = column * kWidth;
   }
   // Rotates the pairs of runs of kRun elements of the tile's first `tile_rows` rows in place.
-  auto rotate_runs = [&](auto run, uint32_t first_row, uint32_t tile_rows) {
+  auto rotate_runs_as = [&](auto run, auto transposed, uint32_t first_row, uint32_t tile_rows) {
     constexpr int kRun = decltype(run)::value;
     using Run = Vec<scalar_t, kRun * int(sizeof(scalar_t))>;
     for (uint32_t item = lane; item < tile_rows * pairs_per_row.divisor; item += 32) {
@@ -274,11 +281,16 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
         a[i] = static_cast<opmath_t>(x_a.values[i]);
         c[i] = static_cast<opmath_t>(x_b.values[i]);
         rotate_pair(a[i], c[i], static_cast<opmath_t>(cos_a.values[i]), static_cast<opmath_t>(cos_b.values[i]),
-                    static_cast<opmath_t>(sin_a.values[i]), static_cast<opmath_t>(sin_b.values[i]), p.transposed);
+                    static_cast<opmath_t>(sin_a.values[i]), static_cast<opmath_t>(sin_b.values[i]), decltype(transposed)::value);
       }
       *first = pack_vec<scalar_t, int(sizeof(Run))>(a);
       *second = pack_vec<scalar_t, int(sizeof(Run))>(c);
     }
+  };
+  // The direction decided once per warp rather than per element.
+  auto rotate_runs = [&](auto run, uint32_t first_row, uint32_t tile_rows) {
+    if (p.transposed) return rotate_runs_as(run, std::true_type{}, first_row, tile_rows);
+    rotate_runs_as(run, std::false_type{}, first_row, tile_rows);
   };
   for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
        tile_index += share.blocks * kStagedWarps) {
@@ -289,11 +301,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
       if (row_in_tile[k] >= tile_rows) continue;
-      const auto [b, h, s] = place(first_row + row_in_tile[k]);
-      auto offset = [&](const int64_t (&strides)[4]) {
-        return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2] + element[k];
-      };
-      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset(p.x_strides), 0);
+      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + row_offset(first_row + row_in_tile[k], p.x_strides) + element[k], 0);
     }
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
@@ -321,9 +329,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
       if (row_in_tile[k] >= tile_rows) continue;
       // Places are recomputed rather than kept from the loads: registers hold the loads in flight.
-      const auto [b, h, s] = place(first_row + row_in_tile[k]);
-      const int64_t offset = int64_t(b) * p.out_strides[0] + int64_t(h) * p.out_strides[1] + int64_t(s) * p.out_strides[2];
-      store_vec<kBytes>(static_cast<scalar_t*>(p.out) + offset + element[k], 0, tile[lane + 32 * k]);
+      store_vec<kBytes>(static_cast<scalar_t*>(p.out) + row_offset(first_row + row_in_tile[k], p.out_strides) + element[k],
+                        0, tile[lane + 32 * k]);
     }
     __syncwarp();
   }
@@ -385,7 +392,8 @@ void rotary_cuda(const RotaryProblem (&problems)[2], at::ScalarType dtype, at::S
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_MIXED_TYPES(dtype, table_dtype, "rotary_cuda", [&] {
     const RotaryLaunchPlan plan = plan_rotary(problems, sizeof(scalar_t), sizeof(weight_t));
-    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]}, {}, {}, {}, {}};
+    RotaryPair pair{{problems[0], problems[1]}, 0, {plan.sequence_outer[0], plan.sequence_outer[1]},
+                    {plan.dense_rows[0], plan.dense_rows[1]}};
     if (plan.vector_elements > 1) {
       for (int t = 0; t < 2; ++t) {
         const RotaryProblem& problem = problems[t];

@@ -23,7 +23,20 @@ struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel
   bool staged = false;  // rotary_staged_kernel (partial rotate_half) rather than rotary_pairs_kernel
   bool sequence_outer[2] = {false, false};  // rows ordered (b, s, h) rather than (b, h, s)
+  bool dense_rows[2] = {false, false};  // row r of q (k) and of its output at r * D: no place to compute
 };
+
+// Whether the rows of `strides` (in the order `sequence_outer` gives) lie back to back, D elements
+// apart, as in any contiguous tensor of either layout (a dim of size one has stride 0 and any place).
+inline bool rotary_rows_dense(const RotaryProblem& problem, const int64_t (&strides)[4], bool sequence_outer) {
+  const int inner = sequence_outer ? 1 : 2, outer = sequence_outer ? 2 : 1;
+  int64_t expected = problem.sizes[3];
+  for (int d : {inner, outer, 0}) {
+    if (problem.sizes[d] != 1 && strides[d] != expected) return false;
+    expected *= problem.sizes[d];
+  }
+  return strides[3] == 1;
+}
 
 // Whether `problem` can move `width` elements per load: unit-stride head vectors, every other stride
 // and both region lengths (rotated pairs' halves or rotated dims, passed-through dims) multiples of
@@ -69,7 +82,12 @@ inline int64_t rotary_run_elements(const RotaryProblem& problem, int width) {
 inline RotaryLaunchPlan plan_rotary(const RotaryProblem (&problems)[2], int64_t element_size,
                                     int64_t table_element_size) {
   RotaryLaunchPlan plan;
-  for (int t = 0; t < 2; ++t) plan.sequence_outer[t] = problems[t].x_strides[2] > problems[t].x_strides[1];
+  for (int t = 0; t < 2; ++t) {
+    const RotaryProblem& problem = problems[t];
+    plan.sequence_outer[t] = problem.x_strides[2] > problem.x_strides[1];
+    plan.dense_rows[t] = rotary_rows_dense(problem, problem.x_strides, plan.sequence_outer[t]) &&
+                         rotary_rows_dense(problem, problem.out_strides, plan.sequence_outer[t]);
+  }
   plan.staged = !problems[0].interleaved && problems[0].rotary_dim < problems[0].sizes[3];
   // Pairs of the interleaved form must sit inside one vector, so vectors hold at least two elements.
   for (int width = int(16 / element_size); width >= 2; width /= 2) {
