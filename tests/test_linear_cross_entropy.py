@@ -90,6 +90,41 @@ def test_several_chunks(device, dtype):
     check(x, weight, target, bias, dtype, "mean", 0.1)
 
 
+def test_chunk_plan(monkeypatch):
+    """The rows per chunk (ops/cross_entropy/launch_plan.h), read through the library's C entry point:
+    an eighth of the logits held between 120 MB and 512 MB and under an eighth of free memory, the rows
+    split evenly in whole multiples of 64."""
+    import ctypes
+    function = ctypes.CDLL(fused_ops.library_path()).fused_ops_cross_entropy_chunk_rows
+    function.restype = ctypes.c_int64
+    function.argtypes = [ctypes.c_int64] * 4
+    monkeypatch.delenv("FUSED_OPS_LOGITS_CHUNK_MB", raising=False)
+    plenty = 1 << 40
+    megabyte = 1 << 20
+
+    def chunks(rows, classes, element_size, available=plenty):
+        chunk = function(rows, classes, element_size, available)
+        count = -(-rows // chunk)
+        return chunk, count, rows - (count - 1) * chunk
+
+    # 512 MB (the largest) at a Llama-3 vocabulary in bf16: eight chunks of 2048 rows.
+    assert chunks(16384, 128256, 2) == (2048, 8, 2048)
+    # An eighth of Qwen's float32 logits (297 MB): eight chunks of 512 rows.
+    assert chunks(4096, 151936, 4) == (512, 8, 512)
+    # 120 MB at most (1920 rows) for 8192 x 32000 bf16, split evenly: four of 1664 and one of 1536, not
+    # four of 1920 and one of 512.
+    assert chunks(8192, 32000, 2) == (1664, 5, 1536)
+    assert function(8192, 32000, 2, plenty) * 32000 * 2 <= 120 * megabyte
+    # Small logits take one chunk; one row is the least; free memory caps the chunk at an eighth of it.
+    assert chunks(100, 50257, 4) == (100, 1, 100)
+    assert function(3, 1, 4, plenty) == 3
+    assert function(4096, 1 << 24, 4, 1) == 1
+    assert function(8192, 32000, 2, 256 * megabyte) * 32000 * 2 <= 32 * megabyte
+    # FUSED_OPS_LOGITS_CHUNK_MB sets the size.
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "8")
+    assert chunks(8192, 32000, 2) == (128, 64, 128)
+
+
 @pytest.mark.parametrize("wanted", ["input", "weight", "bias"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_only_some_inputs_need_gradients(device, wanted, reduction):

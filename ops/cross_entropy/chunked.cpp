@@ -171,3 +171,9 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
 }
 
 }  // namespace fused_ops
+
+// The chunk plan's rows, for tests through ctypes: no GPU needed.
+extern "C" int64_t fused_ops_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
+                                                      int64_t available_bytes) {
+  return fused_ops::plan_cross_entropy_chunk_rows(rows, classes, element_size, available_bytes);
+}
