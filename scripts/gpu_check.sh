@@ -7,7 +7,8 @@
 #   SANITIZER_TOOLS="memcheck racecheck initcheck synccheck" selects tools; SANITIZER_WORKERS=N
 #   runs each tool's tests in N pytest-xdist workers. The tools run at once, spread round-robin over
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
-#   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool.
+#   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool;
+#   SANITIZER_TESTS="tests/test_rotary.py ..." runs the tools over those files only.
 #   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection (logs
 #   sanitizer_TOOL_k-of-n.log; every step ends with scripts/sanitizer_table.py's tool x op table of all
 #   the logs in OUTDIR, sanitizer_table.md), TEST_SHARD=k/n the
@@ -71,6 +72,8 @@ if step sanitizer; then
   for file in tests/test_*.py; do
     case " ${test_files[*]} " in *" $file "*) ;; *) test_files+=("$file");; esac
   done
+  # SANITIZER_TESTS="tests/test_rotary.py ..." narrows the run to some files (a kernel that changed).
+  [ -n "${SANITIZER_TESTS:-}" ] && test_files=(${SANITIZER_TESTS})
   workers=()
   [ -n "${SANITIZER_WORKERS:-}" ] && "$PY" -c "import xdist" 2>/dev/null && workers=(-n "$SANITIZER_WORKERS" --dist worksteal)
   timeout=()
