@@ -3,11 +3,12 @@
 // launch_plan.h) with rows in the tensor's memory order, so the cos/sin rows that the heads of one
 // position share stay in cache; the strided kernel takes any strides, one pair per thread.
 #include <ATen/OpMathType.h>
-#include <array>
 #include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <array>
 
 #include "../common/cuda_launch.cuh"
 #include "../common/vector.cuh"
@@ -97,8 +98,8 @@ template <>
 struct LoadWord<2> { using type = unsigned short; };
 
 // kWidth elements of a table row from an element aligned to them (as they are, or in opmath), in loads
-// of at most 16 bytes through the read-only path: the compiler may then issue them ahead of earlier stores, which it
-// could not otherwise tell apart from the tables.
+// of at most 16 bytes through the read-only path: the compiler may then issue them ahead of earlier
+// stores, which it could not otherwise tell apart from the tables.
 template <int kWidth, typename table_t>
 __device__ __forceinline__ Vec<table_t, kWidth * int(sizeof(table_t))> load_table_run(const table_t* first) {
   constexpr int kBytes = kWidth * int(sizeof(table_t));
@@ -266,8 +267,10 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
       const auto [row, pair_index] = pairs_per_row.divmod(item);
       const auto [b, h, s] = place(first_row + row);
       const uint32_t ja = pair_index * kRun, jb = ja + half;
-      const table_t* cos = static_cast<const table_t*>(p.cos) + int64_t(b) * p.cos_strides[0] + int64_t(s) * p.cos_strides[2];
-      const table_t* sin = static_cast<const table_t*>(p.sin) + int64_t(b) * p.sin_strides[0] + int64_t(s) * p.sin_strides[2];
+      const table_t* cos =
+          static_cast<const table_t*>(p.cos) + int64_t(b) * p.cos_strides[0] + int64_t(s) * p.cos_strides[2];
+      const table_t* sin =
+          static_cast<const table_t*>(p.sin) + int64_t(b) * p.sin_strides[0] + int64_t(s) * p.sin_strides[2];
       using TableRun = Vec<table_t, kRun * int(sizeof(table_t))>;
       const TableRun cos_a = load_table_run<kRun>(cos + ja), cos_b = load_table_run<kRun>(cos + jb);
       const TableRun sin_a = load_table_run<kRun>(sin + ja), sin_b = load_table_run<kRun>(sin + jb);
@@ -281,7 +284,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
         a[i] = static_cast<opmath_t>(x_a.values[i]);
         c[i] = static_cast<opmath_t>(x_b.values[i]);
         rotate_pair(a[i], c[i], static_cast<opmath_t>(cos_a.values[i]), static_cast<opmath_t>(cos_b.values[i]),
-                    static_cast<opmath_t>(sin_a.values[i]), static_cast<opmath_t>(sin_b.values[i]), decltype(transposed)::value);
+                    static_cast<opmath_t>(sin_a.values[i]), static_cast<opmath_t>(sin_b.values[i]),
+                    decltype(transposed)::value);
       }
       *first = pack_vec<scalar_t, int(sizeof(Run))>(a);
       *second = pack_vec<scalar_t, int(sizeof(Run))>(c);
@@ -301,7 +305,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
       if (row_in_tile[k] >= tile_rows) continue;
-      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + row_offset(first_row + row_in_tile[k], p.x_strides) + element[k], 0);
+      const int64_t offset = row_offset(first_row + row_in_tile[k], p.x_strides) + element[k];
+      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset, 0);
     }
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
@@ -309,17 +314,20 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     }
     __syncwarp();
     // The runs' width, chosen by the launch plan (a power of two up to a vector; 0: nothing rotates).
+    auto rotate_runs_of = [&](auto bytes) {
+      rotate_runs(std::integral_constant<int, decltype(bytes)::value / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+    };
     switch (run_bytes) {
       case 0:
         break;
       case 16:
-        if constexpr (kBytes >= 16) rotate_runs(std::integral_constant<int, 16 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        if constexpr (kBytes >= 16) rotate_runs_of(std::integral_constant<int, 16>{});
         break;
       case 8:
-        if constexpr (kBytes >= 8 && sizeof(scalar_t) <= 8) rotate_runs(std::integral_constant<int, 8 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        if constexpr (kBytes >= 8 && sizeof(scalar_t) <= 8) rotate_runs_of(std::integral_constant<int, 8>{});
         break;
       case 4:
-        if constexpr (kBytes >= 4 && sizeof(scalar_t) <= 4) rotate_runs(std::integral_constant<int, 4 / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+        if constexpr (kBytes >= 4 && sizeof(scalar_t) <= 4) rotate_runs_of(std::integral_constant<int, 4>{});
         break;
       default:
         rotate_runs(std::integral_constant<int, 1>{}, first_row, tile_rows);
@@ -329,8 +337,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
       if (row_in_tile[k] >= tile_rows) continue;
       // Places are recomputed rather than kept from the loads: registers hold the loads in flight.
-      store_vec<kBytes>(static_cast<scalar_t*>(p.out) + row_offset(first_row + row_in_tile[k], p.out_strides) + element[k],
-                        0, tile[lane + 32 * k]);
+      const int64_t offset = row_offset(first_row + row_in_tile[k], p.out_strides) + element[k];
+      store_vec<kBytes>(static_cast<scalar_t*>(p.out) + offset, 0, tile[lane + 32 * k]);
     }
     __syncwarp();
   }
