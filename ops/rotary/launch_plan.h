@@ -45,10 +45,12 @@ inline bool rotary_rows_dense(const RotaryProblem& problem, const int64_t (&stri
 // of kStagedWarpVectors holds at least one row.
 inline bool rotary_vector_fits(const RotaryProblem& problem, int width, int64_t element_size,
                                int64_t table_element_size, bool staged) {
-  const int64_t rotated = staged ? 0 : problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
-  if (rotated % width != 0) return false;
-  if ((problem.sizes[3] - (staged ? 0 : problem.rotary_dim)) % width != 0) return false;
-  if (staged && problem.sizes[3] / width > kStagedWarpVectors) return false;
+  const int64_t rotated = problem.interleaved ? problem.rotary_dim : problem.rotary_dim / 2;
+  if (staged) {
+    if (problem.sizes[3] % width != 0 || problem.sizes[3] / width > kStagedWarpVectors) return false;
+  } else if (rotated % width != 0 || (problem.sizes[3] - problem.rotary_dim) % width != 0) {
+    return false;
+  }
   if (problem.x_strides[3] != 1 || problem.out_strides[3] != 1) return false;
   if (problem.rotary_dim > 0 && (problem.cos_strides[3] != 1 || problem.sin_strides[3] != 1)) return false;
   for (const int64_t* stride : {problem.x_strides, problem.out_strides, problem.cos_strides, problem.sin_strides}) {
