@@ -10,6 +10,7 @@
 
 #include <array>
 
+#include "../common/async_copy.cuh"
 #include "../common/cuda_launch.cuh"
 #include "../common/vector.cuh"
 #include "launch_plan.h"
@@ -208,13 +209,13 @@ __global__ void __launch_bounds__(kThreadsPerBlock) rotary_pairs_kernel(RotaryPa
 }
 
 // A partial rotation (R < D, rotate_half), whose partners R/2 away need not fall on vector boundaries.
-// Each warp stages a tile of whole head rows in its own shared memory with full-width loads, rotates
-// the pairs of runs (j, j + R/2) in place, each run as wide as R/2 allows, and stores the rows with
-// full-width stores. Every lane does the same work in each step, and warps never wait for each other.
+// Each warp stages tiles of whole head rows in its own shared memory with full-width asynchronous
+// copies, rotates the pairs of runs (j, j + R/2) in place, each run as wide as R/2 allows, and stores
+// the rows with full-width stores. A warp takes kStagedTilesPerWarp tiles, the copies of the next in
+// flight while it rotates and stores the current one. Every lane does the same work in each step, and
+// warps never wait for each other.
 constexpr int kStagedWarps = kThreadsPerBlock / 32;
 constexpr int kStagedVectorsPerLane = kStagedWarpVectors / 32;
-// Blocks an SM holds at once: 80 registers a thread hold a lane's loads in flight without spills.
-constexpr int kStagedBlocksPerSM = 3;
 
 template <typename scalar_t, typename table_t, int kWidth>
 __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_staged_kernel(RotaryPair pair) {
@@ -222,10 +223,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
   using Vector = Vec<scalar_t, kBytes>;
-  __shared__ Vector tiles[kStagedWarps][kStagedWarpVectors];
+  __shared__ Vector tiles[kStagedWarps][2][kStagedWarpVectors];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  Vector* tile = tiles[warp];
-  scalar_t* tile_elements = reinterpret_cast<scalar_t*>(tile);
   const BlockShare share = block_share(pair.first_blocks);
   const int tensor = share.tensor;
   const RotaryProblem& p = pair.tensors[tensor];
@@ -251,16 +250,31 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     const auto [b, h, s] = place(row);
     return int64_t(b) * strides[0] + int64_t(h) * strides[1] + int64_t(s) * strides[2];
   };
-  // Each lane's vectors v = lane + 32k of a tile: the same (row of the tile, column) in every tile.
-  uint32_t row_in_tile[kStagedVectorsPerLane], element[kStagedVectorsPerLane];
-#pragma unroll
-  for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+  // Lane's vector v = lane + 32k of a tile: (row of the tile, first element), the same in every tile and
+  // recomputed where used (kept, the twelve registers made some dtypes spill at four blocks an SM).
+  auto vector_place = [&](int k) {
     const auto [row, column] = vectors_per_row.divmod(uint32_t(lane + 32 * k));
-    row_in_tile[k] = row;
-    element[k] = column * kWidth;
-  }
+    return std::array<uint32_t, 2>{row, column * kWidth};
+  };
+  auto rows_of = [&](uint32_t tile_index) { return min(rows_per_tile, rows - tile_index * rows_per_tile); };
+  // Queues the copies of a tile's rows into `tile` as one group (an empty group past the last tile keeps
+  // the waits' counts right).
+  auto stage = [&](uint32_t tile_index, Vector* tile) {
+    if (tile_index < tile_count) {
+      const uint32_t first_row = tile_index * rows_per_tile, tile_rows = rows_of(tile_index);
+#pragma unroll
+      for (int k = 0; k < kStagedVectorsPerLane; ++k) {
+        const auto [row, element] = vector_place(k);
+        if (row >= tile_rows) continue;
+        const int64_t offset = row_offset(first_row + row, p.x_strides) + element;
+        copy_async<kBytes>(tile + lane + 32 * k, static_cast<const scalar_t*>(p.x) + offset);
+      }
+    }
+    commit_async_copies();
+  };
   // Rotates the pairs of runs of kRun elements of the tile's first `tile_rows` rows in place.
-  auto rotate_runs_as = [&](auto run, auto transposed, uint32_t first_row, uint32_t tile_rows) {
+  auto rotate_runs_as = [&](auto run, auto transposed, scalar_t* tile_elements, uint32_t first_row,
+                            uint32_t tile_rows) {
     constexpr int kRun = decltype(run)::value;
     using Run = Vec<scalar_t, kRun * int(sizeof(scalar_t))>;
     for (uint32_t item = lane; item < tile_rows * pairs_per_row.divisor; item += 32) {
@@ -292,30 +306,24 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
     }
   };
   // The direction decided once per warp rather than per element.
-  auto rotate_runs = [&](auto run, uint32_t first_row, uint32_t tile_rows) {
-    if (p.transposed) return rotate_runs_as(run, std::true_type{}, first_row, tile_rows);
-    rotate_runs_as(run, std::false_type{}, first_row, tile_rows);
+  auto rotate_runs = [&](auto run, scalar_t* tile_elements, uint32_t first_row, uint32_t tile_rows) {
+    if (p.transposed) return rotate_runs_as(run, std::true_type{}, tile_elements, first_row, tile_rows);
+    rotate_runs_as(run, std::false_type{}, tile_elements, first_row, tile_rows);
   };
-  for (uint32_t tile_index = share.block * kStagedWarps + warp; tile_index < tile_count;
-       tile_index += share.blocks * kStagedWarps) {
-    const uint32_t first_row = tile_index * rows_per_tile;
-    const uint32_t tile_rows = min(rows_per_tile, rows - first_row);
-    // Every load of the tile is issued before the first store to it.
-    Vector staged[kStagedVectorsPerLane];
-#pragma unroll
-    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (row_in_tile[k] >= tile_rows) continue;
-      const int64_t offset = row_offset(first_row + row_in_tile[k], p.x_strides) + element[k];
-      staged[k] = load_vec<kBytes>(static_cast<const scalar_t*>(p.x) + offset, 0);
-    }
-#pragma unroll
-    for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (row_in_tile[k] < tile_rows) tile[lane + 32 * k] = staged[k];
-    }
+  const uint32_t warps = share.blocks * kStagedWarps;
+  uint32_t tile_index = share.block * kStagedWarps + warp;
+  stage(tile_index, tiles[warp][0]);
+  for (int buffer = 0; tile_index < tile_count; tile_index += warps, buffer ^= 1) {
+    // The next tile's copies go out before this tile is touched; this tile's group is then complete.
+    stage(tile_index + warps, tiles[warp][buffer ^ 1]);
+    wait_async_copies<1>();
     __syncwarp();
+    Vector* tile = tiles[warp][buffer];
+    const uint32_t first_row = tile_index * rows_per_tile, tile_rows = rows_of(tile_index);
     // The runs' width, chosen by the launch plan (a power of two up to a vector; 0: nothing rotates).
     auto rotate_runs_of = [&](auto bytes) {
-      rotate_runs(std::integral_constant<int, decltype(bytes)::value / int(sizeof(scalar_t))>{}, first_row, tile_rows);
+      rotate_runs(std::integral_constant<int, decltype(bytes)::value / int(sizeof(scalar_t))>{},
+                  reinterpret_cast<scalar_t*>(tile), first_row, tile_rows);
     };
     switch (run_bytes) {
       case 0:
@@ -330,16 +338,17 @@ __global__ void __launch_bounds__(kThreadsPerBlock, kStagedBlocksPerSM) rotary_s
         if constexpr (kBytes >= 4 && sizeof(scalar_t) <= 4) rotate_runs_of(std::integral_constant<int, 4>{});
         break;
       default:
-        rotate_runs(std::integral_constant<int, 1>{}, first_row, tile_rows);
+        rotate_runs(std::integral_constant<int, 1>{}, reinterpret_cast<scalar_t*>(tile), first_row, tile_rows);
     }
     __syncwarp();
 #pragma unroll
     for (int k = 0; k < kStagedVectorsPerLane; ++k) {
-      if (row_in_tile[k] >= tile_rows) continue;
-      // Places are recomputed rather than kept from the loads: registers hold the loads in flight.
-      const int64_t offset = row_offset(first_row + row_in_tile[k], p.out_strides) + element[k];
+      const auto [row, element] = vector_place(k);
+      if (row >= tile_rows) continue;
+      const int64_t offset = row_offset(first_row + row, p.out_strides) + element;
       store_vec<kBytes>(static_cast<scalar_t*>(p.out) + offset, 0, tile[lane + 32 * k]);
     }
+    // The tile is read before the copies two tiles on refill it.
     __syncwarp();
   }
 }
@@ -358,12 +367,13 @@ int64_t rotary_rows_per_tile(const RotaryProblem& p, const RotaryLaunchPlan& pla
   return kStagedWarpVectors / rotary_items_per_row(p, plan);
 }
 
-// Work items that size the grid: one warp per staged tile, else one thread per item.
+// Work items that size the grid: one warp per kStagedTilesPerWarp staged tiles, else one thread per item.
 int64_t rotary_items(const RotaryProblem& p, const RotaryLaunchPlan& plan) {
   if (plan.vector_elements == 1) return p.sizes[0] * p.sizes[1] * p.sizes[2] * (p.rotary_dim / 2 + p.sizes[3] - p.rotary_dim);
   if (plan.staged) {
     const int64_t rows = p.sizes[0] * p.sizes[1] * p.sizes[2], rows_per_tile = rotary_rows_per_tile(p, plan);
-    return (rows + rows_per_tile - 1) / rows_per_tile * 32;
+    const int64_t tiles = (rows + rows_per_tile - 1) / rows_per_tile;
+    return (tiles + kStagedTilesPerWarp - 1) / kStagedTilesPerWarp * 32;
   }
   const int64_t groups = (p.sizes[1] + kHeadsPerThread - 1) / kHeadsPerThread;
   return p.sizes[0] * p.sizes[2] * groups * rotary_items_per_row(p, plan);

@@ -14,10 +14,14 @@
 namespace fused_ops {
 namespace cuda {
 
-// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 3 KB of shared memory at 16 bytes
-// each): six per lane, so that each lane has six loads in flight, the most its registers hold at three
-// blocks an SM.
+// Vectors of one warp's tile in rotary_staged_kernel (whole head rows, 3 KB at 16 bytes each): with two
+// tiles a warp (one rotating, the next one's copies in flight), a block of 256 threads takes 48 KB of
+// shared memory, and four blocks fit an SM.
 constexpr int kStagedWarpVectors = 192;
+constexpr int kStagedBlocksPerSM = 4;
+// Tiles a warp of rotary_staged_kernel takes in turn: the copies of the second fly while the first
+// rotates. More would leave fewer, longer-lived warps and a longer tail.
+constexpr int kStagedTilesPerWarp = 2;
 
 struct RotaryLaunchPlan {
   int vector_elements = 1;  // 1: the strided kernel

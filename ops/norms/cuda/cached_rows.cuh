@@ -228,8 +228,8 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       for (int k = 0; k < kPacks; ++k) {
         const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
         if (pack >= packs_per_row) continue;
-        copy_16_bytes_async(slot(0, k), static_cast<const scalar_t*>(p.x) + row * p.x_row_stride + pack * kWidth);
-        copy_16_bytes_async(slot(1, k), static_cast<const scalar_t*>(p.grad) + row * p.grad_row_stride + pack * kWidth);
+        copy_async<16>(slot(0, k), static_cast<const scalar_t*>(p.x) + row * p.x_row_stride + pack * kWidth);
+        copy_async<16>(slot(1, k), static_cast<const scalar_t*>(p.grad) + row * p.grad_row_stride + pack * kWidth);
       }
     }
     commit_async_copies();  // an empty group past the last row keeps the waits' counts right
@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       for (int k = 0; k < kPacks; ++k) {
         const int64_t pack = threadIdx.x + int64_t(k) * blockDim.x;
         if (pack >= packs_per_row) continue;
-        copy_16_bytes_async(slot(2, k), static_cast<const scalar_t*>(p.grad_residual) +
+        copy_async<16>(slot(2, k), static_cast<const scalar_t*>(p.grad_residual) +
                                             row * p.grad_residual_row_stride + pack * kWidth);
       }
     }

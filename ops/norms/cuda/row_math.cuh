@@ -1,6 +1,6 @@
 #pragma once
 // Device math every norm path shares: block sums in a fixed order, the row statistics of the backward,
-// the residual add, and cp.async copies into shared memory. The norms' formulas are in ../norm.h.
+// and the residual add. The norms' formulas are in ../norm.h.
 #include <ATen/OpMathType.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,43 +8,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../../common/async_copy.cuh"
 #include "../../common/vector.cuh"
 #include "../norm.h"
 #include "launch_plan.h"
 
 namespace fused_ops {
 namespace cuda {
-
-// The 32-bit shared-window address of a pointer to shared memory, as PTX's shared-space operands take.
-__device__ __forceinline__ unsigned int shared_address(const void* pointer) {
-  return static_cast<unsigned int>(__cvta_generic_to_shared(pointer));
-}
-
-// Asynchronous 16-byte copies from global to shared memory (cp.async, sm_80 and later): the copy
-// occupies no registers while in flight. Copies committed together form a group; groups complete in
-// order, and wait_async_copies<N> returns once at most N of this thread's groups are pending.
-__device__ __forceinline__ void copy_16_bytes_async(void* shared_destination, const void* global_source) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address(shared_destination)),
-               "l"(global_source)
-               : "memory");
-#else
-  *static_cast<uint4*>(shared_destination) = *static_cast<const uint4*>(global_source);
-#endif
-}
-
-__device__ __forceinline__ void commit_async_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-template <int kPending>
-__device__ __forceinline__ void wait_async_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-#endif
-}
 
 template <typename acc_t>
 __device__ __forceinline__ acc_t warp_sum(acc_t value) {
