@@ -7,7 +7,8 @@ Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest 
 `compute-sanitizer --tool TOOL`, named sanitizer_TOOL[...].log as scripts/gpu_check.sh writes them.
 A report is counted against the test whose result line follows it, so the runs must be serial (no
 pytest-xdist workers, whose output interleaves). A test's op is the op name its id carries (the
-registry's tests are parametrized by op); tests of every op at once count under "all ops". The
+registry's tests are parametrized by op) or, failing that, the op its file tests (FILE_OPS); tests of
+every op at once count under "all ops". The
 schemas' names come from registration/schemas.cpp.
 """
 import argparse
@@ -31,11 +32,15 @@ def op_names(schemas=os.path.join(ROOT, "registration", "schemas.cpp")):
     return sorted(forward, key=len, reverse=True)
 
 
+# Files of one op whose test ids need not name it.
+FILE_OPS = {"tests/test_rotary.py": "rotary_embedding", "tests/test_linear_cross_entropy.py": "linear_cross_entropy"}
+
+
 def op_of(test_id, ops):
     for op in ops:
         if re.search(rf"(?<![a-z]){op}(?![a-z])", test_id):
             return op
-    return "all ops"
+    return FILE_OPS.get(test_id.split("::")[0], "all ops")
 
 
 def tool_of(path):

@@ -18,6 +18,7 @@ tests/test_properties.py::test_matches_reference_on_random_inputs[relu_add-cuda]
 tests/test_activations.py::test_values[cuda-silu_mul-float32] FAILED [ 20%]
 tests/test_silu_mul_linear.py::test_values_and_gradients[cuda-float32-5x12-7-True] PASSED [ 30%]
 tests/test_reliability.py::test_eight_threads_call_every_op PASSED [ 40%]
+tests/test_rotary.py::test_values[cuda-float32-partial] PASSED [ 45%]
 ========= ERROR SUMMARY: 1 error
 """
 RACECHECK = """\
@@ -43,6 +44,7 @@ def test_reports_go_to_the_running_test_and_tests_to_their_op(tmp_path):
     assert memcheck["silu_mul"] == {"tests": 1, "failed": 1, "reports": 1, "passed": 0}
     assert memcheck["relu_add"]["reports"] == 0 and memcheck["relu_add"]["passed"] == 1
     assert memcheck["silu_mul_linear"]["tests"] == 1 and memcheck["all ops"]["tests"] == 1
+    assert memcheck["rotary_embedding"]["tests"] == 1
     assert by_tool["racecheck"]["rms_norm"]["tests"] == 1 and by_tool["racecheck"]["add_rms_norm"]["tests"] == 1
     assert totals == {"memcheck": 1, "racecheck": 0}
     assert "| memcheck | silu_mul | 1 | 0 | 1 | 1 |" in lines
