@@ -3,9 +3,12 @@ shapes and dtypes, on two CUDA streams in turn, with a CUDA graph of one op capt
 between the eager calls; every --check-every-th call is checked against float64. At the end the
 allocator holds what it held after the warm-up (no growth), and no check failed.
 
-    python scripts/soak.py [--calls 1000000] [--device cuda|cpu] [--check-every 97] [--seed 0]
+    python scripts/soak.py [--calls 1000000] [--device cuda|cpu] [--check-every 97] [--seed 0] [--processes 1]
 
-Prints one JSON summary line; exit code 1 when a check failed or memory grew.
+--processes N splits the calls over N processes at once (seeds seed, seed + 1, ...), each with its own
+streams and graphs on the same device: the host's Python is the limit of one process, so N of them
+make 10^6 calls fit a shorter run. Prints one JSON summary line (of all processes); exit code 1 when a
+check failed or memory grew in any process.
 """
 import argparse
 import contextlib
@@ -13,6 +16,7 @@ import gc
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 
@@ -35,12 +39,16 @@ def options_of(spec, rng):
     return chosen
 
 
-def make_inputs(spec, shape, dtype, device, generator):
+def make_inputs(spec, shape, dtype, device, generator, device_generator=None):
+    """Random inputs of `spec`; the float ones drawn on the device when `device_generator` is given (no
+    copy from the host), the special ones (class targets) on the host."""
     shapes = spec.input_shapes(list(shape))
     inputs = []
     for index, input_shape in enumerate(shapes):
         tensor = spec.special_input(index, shapes, dtype, device, generator)
-        if tensor is None:
+        if tensor is None and device_generator is not None:
+            tensor = torch.randn(input_shape, generator=device_generator, device=device).to(dtype)
+        elif tensor is None:
             tensor = torch.randn(input_shape, generator=generator).to(dtype=dtype, device=device)
         inputs.append(tensor.requires_grad_(spec.takes_grad(index)))
     return inputs
@@ -95,6 +103,31 @@ def graph_of(spec, device, generator):
     return spec, graph, static, options, outputs, grads
 
 
+def run_processes(args):
+    """Runs the calls in args.processes child processes at once and sums their summaries."""
+    script = os.path.abspath(__file__)
+    children = []
+    for rank in range(args.processes):
+        calls = args.calls // args.processes + (rank < args.calls % args.processes)
+        command = [sys.executable, script, "--calls", str(calls), "--device", args.device, "--check-every",
+                   str(args.check_every), "--graph-every", str(args.graph_every), "--seed", str(args.seed + rank)]
+        children.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+    start = time.time()
+    summaries, failed = [], False
+    for child in children:
+        output, _ = child.communicate()
+        failed = failed or child.returncode != 0
+        lines = output.strip().splitlines()
+        summaries.append(json.loads(lines[-1]) if lines else {})
+    summary = {"device": args.device, "processes": args.processes}
+    for key in ("calls", "checks", "wrong", "graph_replays"):
+        summary[key] = sum(part.get(key, 0) for part in summaries)
+    summary["memory_growth_bytes"] = [part.get("memory_growth_bytes") for part in summaries]
+    summary["seconds"] = round(time.time() - start, 1)
+    print(json.dumps(summary))
+    sys.exit(1 if failed or len(summaries) != args.processes else 0)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--calls", type=int, default=None, help="default 10^6 on CUDA, 20000 on CPU")
@@ -102,11 +135,16 @@ def main():
     parser.add_argument("--check-every", type=int, default=97)
     parser.add_argument("--graph-every", type=int, default=1000, help="CUDA: replay the captured graphs this often")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processes", type=int, default=1)
     args = parser.parse_args()
     device = args.device
     calls = args.calls or (10**6 if device == "cuda" else 20000)
+    if args.processes > 1:
+        args.calls = calls
+        return run_processes(args)
     rng = random.Random(args.seed)
     generator = torch.Generator().manual_seed(args.seed)
+    device_generator = torch.Generator(device=device).manual_seed(args.seed) if device == "cuda" else None
     dtypes = [torch.float32, torch.bfloat16] + ([torch.float16] if device == "cuda" else [])
     streams = [torch.cuda.current_stream(), torch.cuda.Stream()] if device == "cuda" else [None]
     graphs = [graph_of(spec, device, generator) for spec in OPS] if device == "cuda" else []
@@ -131,7 +169,7 @@ def main():
         options = options_of(spec, rng)
         stream = streams[index % len(streams)]
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-            inputs = make_inputs(spec, shape, dtype, device, generator)
+            inputs = make_inputs(spec, shape, dtype, device, generator, device_generator)
             outputs, grads = call(spec, inputs, options)
             if index % args.check_every == 0:
                 checks += 1
@@ -140,7 +178,7 @@ def main():
                     print(f"wrong answer: call {index}, {spec.name}, {dtype}, {shape}, {options}", file=sys.stderr)
         if graphs and index % args.graph_every == 0:
             spec_of_graph, graph, static, graph_options, graph_outputs, graph_grads = rng.choice(graphs)
-            fresh = make_inputs(spec_of_graph, (64, 256), torch.float32, device, generator)
+            fresh = make_inputs(spec_of_graph, (64, 256), torch.float32, device, generator, device_generator)
             with torch.no_grad():
                 for target, source in zip(static, fresh):
                     target.copy_(source)

@@ -15,3 +15,14 @@ def test_short_soak_on_the_cpu():
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-500:]
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["calls"] == 1200 and summary["checks"] == 240 and summary["wrong"] == 0
+
+
+def test_soak_in_two_processes_sums_their_runs():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"), "--device", "cpu",
+                             "--calls", "301", "--check-every", "10", "--processes", "2"],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-500:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    # 151 and 150 calls, each checked at calls 0, 10, ...: 16 + 15 checks.
+    assert summary["processes"] == 2 and summary["calls"] == 301 and summary["checks"] == 31
+    assert summary["wrong"] == 0 and len(summary["memory_growth_bytes"]) == 2
