@@ -19,8 +19,8 @@ namespace cuda {
 // shared memory, and four blocks fit an SM.
 constexpr int kStagedWarpVectors = 192;
 constexpr int kStagedBlocksPerSM = 4;
-// Tiles a warp of rotary_staged_kernel takes in turn: the copies of the second fly while the first
-// rotates. More would leave fewer, longer-lived warps and a longer tail.
+// Tiles a warp of rotary_staged_kernel takes in turn: two let the second one's copies fly while the
+// first rotates; more would only leave fewer warps for the same rows.
 constexpr int kStagedTilesPerWarp = 2;
 
 struct RotaryLaunchPlan {
