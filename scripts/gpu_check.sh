@@ -15,6 +15,10 @@
 #   k-th of n parts of the test suite (TEST_WORKERS pytest-xdist workers, default 8): a run longer than
 #   one sitting splits into n runs.
 #   The test step includes the slow tests (FUSED_OPS_SLOW=1: huge tensors, long determinism runs).
+#   The soak step (not in the default steps) runs scripts/soak.py: SOAK_CALLS calls (default 10^6) over
+#   SOAK_PROCESSES processes at once (default 8), its JSON summary in OUTDIR/soak.log. Beside the
+#   sanitizer step it shares the GPU and the cores: GPU_CHECK_STEPS="soak sanitizer" starts it first
+#   and waits for it at the end.
 set -uo pipefail
 OUTDIR="${1:?usage: scripts/gpu_check.sh OUTDIR}"
 mkdir -p "$OUTDIR"
@@ -52,6 +56,13 @@ if step tests; then
   grep -E "passed|failed|SKIPPED|FAILED|Error" "$OUTDIR/tests.log" | tail -n 15
 fi
 
+if step soak; then
+  echo "[gpu_check] soak: ${SOAK_CALLS:-1000000} calls over ${SOAK_PROCESSES:-8} processes"
+  OMP_NUM_THREADS=1 "$PY" scripts/soak.py --calls "${SOAK_CALLS:-1000000}" --processes "${SOAK_PROCESSES:-8}" \
+    > "$OUTDIR/soak.log" 2>&1 &
+  soak_job=$!
+fi
+
 if step sanitizer; then
   # The CUDA tests that run kernels in this process (subprocess, compile and deploy tests are left
   # out). No caching allocator, so an out-of-bounds access is not hidden inside a pooled block.
@@ -85,6 +96,7 @@ if step sanitizer; then
   shard_suffix=""
   [ -n "${SANITIZER_SHARD:-}" ] && shard_suffix="_${SANITIZER_SHARD/\//-of-}"
   tool_index=0
+  tool_jobs=()
   for tool in $tools; do
     gpu="${gpus[$((tool_index % ${#gpus[@]}))]}"
     tool_index=$((tool_index + 1))
@@ -106,8 +118,9 @@ if step sanitizer; then
       ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider -x \
       ${workers[@]+"${workers[@]}"} ${timeout[@]+"${timeout[@]}"} -k "$tool_selection" \
       > "$OUTDIR/sanitizer_$tool$shard_suffix.log" 2>&1 &
+    tool_jobs+=($!)
   done
-  for job in $(jobs -p); do wait "$job" || status=1; done
+  for job in "${tool_jobs[@]}"; do wait "$job" || status=1; done
   for tool in $tools; do
     log="$OUTDIR/sanitizer_$tool$shard_suffix.log"
     echo "[gpu_check] compute-sanitizer --tool $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1); $(grep -E "passed|failed" "$log" | tail -n 1)"
@@ -115,6 +128,10 @@ if step sanitizer; then
   # The tool x op table over every log in OUTDIR (the shards of earlier runs into it included); a
   # report counts against the test that was running, exact for serial runs (no SANITIZER_WORKERS).
   "$PY" scripts/sanitizer_table.py "$OUTDIR"/sanitizer_*.log --markdown "$OUTDIR/sanitizer_table.md" || status=1
+fi
+if step soak; then
+  wait "$soak_job" || status=1
+  echo "[gpu_check] soak: $(tail -n 1 "$OUTDIR/soak.log")"
 fi
 echo "[gpu_check] done, status $status"
 exit $status
