@@ -8,8 +8,7 @@ Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest 
 A report is counted against the test whose result line follows it, so the runs must be serial (no
 pytest-xdist workers, whose output interleaves). A test's op is the op name its id carries (the
 registry's tests are parametrized by op) or, failing that, the op its file tests (FILE_OPS); tests of
-every op at once count under "all ops". The
-schemas' names come from registration/schemas.cpp.
+every op at once count under "all ops". The schemas' names come from registration/schemas.cpp.
 """
 import argparse
 import collections

@@ -6,8 +6,8 @@ allocator holds what it held after the warm-up (no growth), and no check failed.
     python scripts/soak.py [--calls 1000000] [--device cuda|cpu] [--check-every 97] [--seed 0] [--processes 1]
 
 --processes N splits the calls over N processes at once (seeds seed, seed + 1, ...), each with its own
-streams and graphs on the same device: the host's Python is the limit of one process, so N of them
-make 10^6 calls fit a shorter run. Prints one JSON summary line (of all processes); exit code 1 when a
+streams and graphs on the same device: one process issues its calls from one Python thread, so N of
+them make 10^6 calls fit a shorter run. Prints one JSON summary line (of all processes); exit code 1 when a
 check failed or memory grew in any process.
 """
 import argparse
@@ -106,13 +106,13 @@ def graph_of(spec, device, generator):
 def run_processes(args):
     """Runs the calls in args.processes child processes at once and sums their summaries."""
     script = os.path.abspath(__file__)
+    start = time.time()
     children = []
     for rank in range(args.processes):
         calls = args.calls // args.processes + (rank < args.calls % args.processes)
         command = [sys.executable, script, "--calls", str(calls), "--device", args.device, "--check-every",
                    str(args.check_every), "--graph-every", str(args.graph_every), "--seed", str(args.seed + rank)]
         children.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
-    start = time.time()
     summaries, failed = [], False
     for child in children:
         output, _ = child.communicate()
@@ -125,7 +125,7 @@ def run_processes(args):
     summary["memory_growth_bytes"] = [part.get("memory_growth_bytes") for part in summaries]
     summary["seconds"] = round(time.time() - start, 1)
     print(json.dumps(summary))
-    sys.exit(1 if failed or len(summaries) != args.processes else 0)
+    sys.exit(1 if failed else 0)
 
 
 def main():
