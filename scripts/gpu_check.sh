@@ -115,7 +115,7 @@ if step sanitizer; then
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
     CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 \
     FUSED_OPS_TEST_SHARD="${SANITIZER_SHARD:-}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider -x \
+      ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider \
       ${workers[@]+"${workers[@]}"} ${timeout[@]+"${timeout[@]}"} -k "$tool_selection" \
       > "$OUTDIR/sanitizer_$tool$shard_suffix.log" 2>&1 &
     tool_jobs+=($!)
