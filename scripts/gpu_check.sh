@@ -9,6 +9,9 @@
 #   the visible GPUs (SANITIZER_GPUS="0 1" chooses them; indices as nvidia-smi numbers them).
 #   SANITIZER_TEST_TIMEOUT (seconds, default 400) fails a test that runs longer under a tool;
 #   SANITIZER_TESTS="tests/test_rotary.py ..." runs the tools over those files only.
+#   SANITIZER_RESUME=DIR runs each tool over the selected tests its logs in DIR (sanitizer_TOOL*.log of
+#   earlier runs, finished or cut short) have no result for: a pass longer than one sitting goes on where
+#   the last one stopped, with no shard count to guess.
 #   SANITIZER_SHARD=k/n runs the k-th of n equal parts of the sanitizer selection (logs
 #   sanitizer_TOOL_k-of-n.log; every step ends with scripts/sanitizer_table.py's tool x op table of all
 #   the logs in OUTDIR, sanitizer_table.md), TEST_SHARD=k/n the
@@ -97,6 +100,7 @@ if step sanitizer; then
   [ -n "${SANITIZER_SHARD:-}" ] && shard_suffix="_${SANITIZER_SHARD/\//-of-}"
   tool_index=0
   tool_jobs=()
+  logs=()
   for tool in $tools; do
     gpu="${gpus[$((tool_index % ${#gpus[@]}))]}"
     tool_index=$((tool_index + 1))
@@ -113,21 +117,49 @@ if step sanitizer; then
     # single-threaded tests launch the same kernels.
     tool_selection="$selection"
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
+    tests=("${test_files[@]}")
+    log="$OUTDIR/sanitizer_$tool$shard_suffix.log"
+    run_shard="${SANITIZER_SHARD:-}"
+    if [ -n "${SANITIZER_RESUME:-}" ]; then
+      # Only the selected tests that the tool's logs in SANITIZER_RESUME have no result for.
+      earlier=("$SANITIZER_RESUME"/sanitizer_"$tool"*.log)
+      [ -e "${earlier[0]}" ] || earlier=()
+      # One collection per distinct selection of files, tests and shard (racecheck's tests differ).
+      collected="$OUTDIR/selected_$(echo "$tool_selection ${test_files[*]} ${SANITIZER_SHARD:-}" | cksum | cut -d" " -f1).txt"
+      [ -s "$collected" ] || FUSED_OPS_HYPOTHESIS_EXAMPLES=50 FUSED_OPS_TEST_SHARD="${SANITIZER_SHARD:-}" "$PY" -m pytest \
+        "${test_files[@]}" --collect-only -q -p no:cacheprovider -k "$tool_selection" 2>/dev/null | grep "^tests/" > "$collected"
+      cp "$collected" "$OUTDIR/selected_$tool.txt"
+      if [ ${#earlier[@]} -gt 0 ]; then
+        "$PY" scripts/sanitizer_table.py "${earlier[@]}" --finished "$tool" > "$OUTDIR/finished_$tool.txt"
+      else
+        : > "$OUTDIR/finished_$tool.txt"
+      fi
+      mapfile -t tests < <(grep -vxFf "$OUTDIR/finished_$tool.txt" "$OUTDIR/selected_$tool.txt")
+      echo "[gpu_check] $tool: ${#tests[@]} of $(wc -l < "$OUTDIR/selected_$tool.txt") selected tests left"
+      [ ${#tests[@]} -gt 0 ] || continue
+      log="$OUTDIR/sanitizer_$tool${shard_suffix}_resumed-${#earlier[@]}.log"
+      run_shard=""  # the ids left are already the shard's
+    fi
+    logs+=("$log")
     CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 \
-    FUSED_OPS_TEST_SHARD="${SANITIZER_SHARD:-}" compute-sanitizer --tool "$tool" --error-exitcode 3 \
-      ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${test_files[@]}" -v --durations=20 -p no:cacheprovider \
+    FUSED_OPS_TEST_SHARD="$run_shard" compute-sanitizer --tool "$tool" --error-exitcode 3 \
+      ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${tests[@]}" -v --durations=20 -p no:cacheprovider \
       ${workers[@]+"${workers[@]}"} ${timeout[@]+"${timeout[@]}"} -k "$tool_selection" \
-      > "$OUTDIR/sanitizer_$tool$shard_suffix.log" 2>&1 &
+      > "$log" 2>&1 &
     tool_jobs+=($!)
   done
   for job in "${tool_jobs[@]}"; do wait "$job" || status=1; done
-  for tool in $tools; do
-    log="$OUTDIR/sanitizer_$tool$shard_suffix.log"
-    echo "[gpu_check] compute-sanitizer --tool $tool: $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1); $(grep -E "passed|failed" "$log" | tail -n 1)"
+  for log in ${logs[@]+"${logs[@]}"}; do
+    echo "[gpu_check] $(basename "$log" .log): $(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1); $(grep -E "passed|failed" "$log" | tail -n 1)"
   done
-  # The tool x op table over every log in OUTDIR (the shards of earlier runs into it included); a
-  # report counts against the test that was running, exact for serial runs (no SANITIZER_WORKERS).
-  "$PY" scripts/sanitizer_table.py "$OUTDIR"/sanitizer_*.log --markdown "$OUTDIR/sanitizer_table.md" || status=1
+  # The tool x op table over every log in OUTDIR and SANITIZER_RESUME (the shards and cut runs of earlier
+  # calls included); a report counts against the test that was running, exact for serial runs (no
+  # SANITIZER_WORKERS).
+  all_logs=("$OUTDIR"/sanitizer_*.log)
+  if [ -n "${SANITIZER_RESUME:-}" ] && [ "$(cd "$SANITIZER_RESUME" && pwd)" != "$OUTDIR" ]; then
+    for log in "$SANITIZER_RESUME"/sanitizer_*.log; do [ -e "$log" ] && all_logs+=("$log"); done
+  fi
+  "$PY" scripts/sanitizer_table.py "${all_logs[@]}" --markdown "$OUTDIR/sanitizer_table.md" || status=1
 fi
 if step soak; then
   wait "$soak_job" || status=1

@@ -2,6 +2,7 @@
 run and passed and the errors (racecheck: hazards) the tool reported while they ran.
 
     python scripts/sanitizer_table.py OUTDIR/sanitizer_memcheck*.log ... [--markdown FILE]
+    python scripts/sanitizer_table.py LOGS... --finished TOOL   # the ids of the tests TOOL has finished
 
 Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest -v` under
 `compute-sanitizer --tool TOOL`, named sanitizer_TOOL[...].log as scripts/gpu_check.sh writes them.
@@ -79,6 +80,19 @@ def parse(path, ops):
     return rows, total
 
 
+def finished_tests(paths, tool):
+    """The ids of the tests with a result in the logs of `tool` (a run cut short lists what it reached)."""
+    finished = set()
+    for path in paths:
+        if tool_of(path) != tool:
+            continue
+        for line in open(path, errors="replace"):
+            result = RESULT.match(line) or WORKER_RESULT.match(line)
+            if result:
+                finished.add(next(group for group in result.groups() if group.startswith("tests/")))
+    return finished
+
+
 def table(paths, ops):
     by_tool = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
     totals = collections.Counter()
@@ -100,7 +114,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+")
     parser.add_argument("--markdown", help="also write the table to this file")
+    parser.add_argument("--finished", metavar="TOOL", help="print the ids of the tests TOOL finished, one a line")
     args = parser.parse_args()
+    if args.finished:
+        print("\n".join(sorted(finished_tests(args.logs, args.finished))))
+        return
     lines, by_tool, totals = table(args.logs, op_names())
     print("\n".join(lines))
     clean = True

@@ -58,3 +58,16 @@ def test_exit_status_says_whether_the_run_is_clean(tmp_path, text, code):
                          capture_output=True, text=True)
     assert run.returncode == code, run.stdout + run.stderr
     assert table.read_text().startswith("| tool | op |")
+
+
+def test_finished_lists_the_tests_one_tool_reached(tmp_path):
+    """A resumed pass (gpu_check.sh's SANITIZER_RESUME) runs what these lists leave out."""
+    paths = [write(tmp_path, "sanitizer_memcheck.log", MEMCHECK), write(tmp_path, "sanitizer_racecheck_1-of-2.log", RACECHECK),
+             write(tmp_path, "sanitizer_racecheck_1-of-2_resumed-1.log", "tests/test_norms.py::test_c[cuda] FAILED [ 9%]\n")]
+    assert sanitizer_table.finished_tests(paths, "racecheck") == {
+        "tests/test_norms.py::test_rms_norm_values[cuda-bfloat16]", "tests/test_norms.py::test_add_rms_norm_values[cuda-bfloat16]",
+        "tests/test_norms.py::test_c[cuda]"}
+    assert len(sanitizer_table.finished_tests(paths, "memcheck")) == 5
+    run = subprocess.run([sys.executable, os.path.join(SCRIPTS, "sanitizer_table.py"), *paths, "--finished", "synccheck"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == ""
