@@ -4,10 +4,12 @@ between the eager calls; every --check-every-th call is checked against float64.
 allocator holds what it held after the warm-up (no growth), and no check failed.
 
     python scripts/soak.py [--calls 1000000] [--device cuda|cpu] [--check-every 97] [--seed 0] [--processes 1]
+                           [--seconds S]
 
 --processes N splits the calls over N processes at once (seeds seed, seed + 1, ...), each with its own
 streams and graphs on the same device: one process issues its calls from one Python thread, so N of
-them make 10^6 calls fit a shorter run. Prints one JSON summary line (of all processes); exit code 1 when a
+them make 10^6 calls fit a shorter run. --seconds S ends each process's calls after S seconds (the summary
+counts the calls made), so a run fits a time limit. Prints one JSON summary line (of all processes); exit code 1 when a
 check failed or memory grew in any process.
 """
 import argparse
@@ -111,7 +113,8 @@ def run_processes(args):
     for rank in range(args.processes):
         calls = args.calls // args.processes + (rank < args.calls % args.processes)
         command = [sys.executable, script, "--calls", str(calls), "--device", args.device, "--check-every",
-                   str(args.check_every), "--graph-every", str(args.graph_every), "--seed", str(args.seed + rank)]
+                   str(args.check_every), "--graph-every", str(args.graph_every), "--seed", str(args.seed + rank),
+                   "--seconds", str(args.seconds)]
         children.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
     summaries, failed = [], False
     for child in children:
@@ -136,6 +139,7 @@ def main():
     parser.add_argument("--graph-every", type=int, default=1000, help="CUDA: replay the captured graphs this often")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=0, help="stop each process's calls after this long (0: never)")
     args = parser.parse_args()
     device = args.device
     calls = args.calls or (10**6 if device == "cuda" else 20000)
@@ -160,7 +164,12 @@ def main():
     checks = failures = replays = 0
     baseline = None
     start = time.time()
+    made = 0
+    inputs = outputs = grads = None
     for index in range(calls):
+        if args.seconds and time.time() - start > args.seconds:
+            break
+        made += 1
         if index == min(1000, calls // 10):
             baseline = memory()
         spec = rng.choice(OPS)
@@ -192,7 +201,7 @@ def main():
     growth = memory() - baseline if baseline is not None else 0
     # CPU: the process's resident memory may move by allocator pages; CUDA: the allocator's live bytes.
     allowed = 0 if device == "cuda" else 64 * 2**20
-    summary = {"device": device, "calls": calls, "checks": checks, "wrong": failures, "graph_replays": replays,
+    summary = {"device": device, "calls": made, "checks": checks, "wrong": failures, "graph_replays": replays,
                "memory_growth_bytes": growth, "seconds": round(time.time() - start, 1)}
     print(json.dumps(summary))
     sys.exit(1 if failures or growth > allowed else 0)
