@@ -9,30 +9,27 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_short_soak_on_the_cpu():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"), "--device", "cpu",
-                             "--calls", "1200", "--check-every", "5"], capture_output=True, text=True, timeout=900)
+def run_soak(*arguments):
+    """Runs scripts/soak.py on the CPU; returns its JSON summary after asserting a clean exit."""
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"), "--device", "cpu", *arguments],
+                            capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-500:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_short_soak_on_the_cpu():
+    summary = run_soak("--calls", "1200", "--check-every", "5")
     assert summary["calls"] == 1200 and summary["checks"] == 240 and summary["wrong"] == 0
 
 
 def test_soak_in_two_processes_sums_their_runs():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"), "--device", "cpu",
-                             "--calls", "301", "--check-every", "10", "--processes", "2"],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-500:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = run_soak("--calls", "301", "--check-every", "10", "--processes", "2")
     # 151 and 150 calls, each checked at calls 0, 10, ...: 16 + 15 checks.
     assert summary["processes"] == 2 and summary["calls"] == 301 and summary["checks"] == 31
     assert summary["wrong"] == 0 and len(summary["memory_growth_bytes"]) == 2
 
 
 def test_seconds_end_the_calls_early():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "soak.py"), "--device", "cpu",
-                             "--calls", "10000000", "--check-every", "50", "--seconds", "3"],
-                            capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, result.stderr[-2000:] + result.stdout[-500:]
-    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    summary = run_soak("--calls", "10000000", "--check-every", "50", "--seconds", "3")
     assert 0 < summary["calls"] < 10000000 and summary["wrong"] == 0
     assert summary["checks"] == (summary["calls"] + 49) // 50
