@@ -463,7 +463,16 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       // takes a scale of the gradients' own dtype only (any other goes element by element at a third of
       // the bandwidth); rounding grad_output to it adds at most one rounding of that dtype, none for the
       // usual 1 or a power of two.
-      if (!scaled.empty()) at::_foreach_mul_(scaled, grad_outputs[0].to(scaled.front().scalar_type()));
+      if (!scaled.empty()) {
+        const at::Tensor scale = grad_outputs[0].to(scaled.front().scalar_type());
+        // A tensor subclass (DTensor) scales each gradient by itself: torch 2.11's DTensor foreach
+        // multiply leaves Partial tensors (the weight's and bias's gradients of sharded rows) unscaled.
+        if (scale.key_set().has(c10::DispatchKey::Python)) {
+          for (at::Tensor& gradient : scaled) gradient.mul_(scale);
+        } else {
+          at::_foreach_mul_(scaled, scale);
+        }
+      }
       grad_input = mask[0] ? gradients[0] : at::Tensor();
       grad_weight = mask[1] ? gradients[1] : at::Tensor();
       grad_bias = mask[2] ? gradients[2] : at::Tensor();

@@ -16,6 +16,7 @@ from deploy_models import MatmulNorms, example_inputs
 
 RUNNER = fused_ops.runner_path()
 FUZZ_CASES = 160
+UNREGISTERED_OP_LIBRARY = None
 
 
 @pytest.fixture(scope="module")
@@ -25,10 +26,13 @@ def valid(tmp_path_factory):
         warnings.simplefilter("ignore")
         torch.jit.script(MatmulNorms()).save(str(folder / "model.pt"))
     torch.save(example_inputs(), folder / "inputs.pt")
-    # An op this test process defines, which fused_run (no Python) does not have.
-    library = torch.library.Library("hostile_test", "DEF")
-    library.define("double_it(Tensor x) -> Tensor")
-    library.impl("double_it", lambda x: 2 * x, "CompositeExplicitAutograd")
+    # An op this test process defines, which fused_run (no Python) does not have. The library lives as
+    # long as the process: once freed, torch 2.11 still lists the op, and every later decomposition
+    # table (opcheck, torch.compile) fails on it.
+    global UNREGISTERED_OP_LIBRARY
+    UNREGISTERED_OP_LIBRARY = torch.library.Library("hostile_test", "DEF")
+    UNREGISTERED_OP_LIBRARY.define("double_it(Tensor x) -> Tensor")
+    UNREGISTERED_OP_LIBRARY.impl("double_it", lambda x: 2 * x, "CompositeExplicitAutograd")
 
     class Unregistered(torch.nn.Module):
         def forward(self, x, y):
