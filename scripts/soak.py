@@ -105,6 +105,14 @@ def graph_of(spec, device, generator):
     return spec, graph, static, options, outputs, grads
 
 
+def refill(static, fresh):
+    """Copies fresh inputs into a graph's static ones; no reference to them outlives the call, so the
+    allocator's live bytes between calls are the run's own state."""
+    with torch.no_grad():
+        for target, source in zip(static, fresh):
+            target.copy_(source)
+
+
 def run_processes(args):
     """Runs the calls in args.processes child processes at once and sums their summaries."""
     script = os.path.abspath(__file__)
@@ -191,10 +199,7 @@ def main():
                     print(f"wrong answer: call {index}, {spec.name}, {dtype}, {shape}, {options}", file=sys.stderr)
         if graphs and index % args.graph_every == 0:
             spec_of_graph, graph, static, graph_options, graph_outputs, graph_grads = rng.choice(graphs)
-            fresh = make_inputs(spec_of_graph, (64, 256), torch.float32, device, generator, device_generator)
-            with torch.no_grad():
-                for target, source in zip(static, fresh):
-                    target.copy_(source)
+            refill(static, make_inputs(spec_of_graph, (64, 256), torch.float32, device, generator, device_generator))
             graph.replay()
             replays += 1
             checks += 1
