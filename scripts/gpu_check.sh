@@ -123,6 +123,8 @@ if step sanitizer; then
     tool_selection="$selection"
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
     tests=("${test_files[@]}")
+    chunk=${#tests[@]}
+    part_suffix=""
     log="$OUTDIR/sanitizer_$tool$shard_suffix.log"
     run_shard="${SANITIZER_SHARD:-}"
     if [ -n "${SANITIZER_RESUME:-}" ]; then
@@ -143,19 +145,18 @@ if step sanitizer; then
       echo "[gpu_check] $tool: ${#tests[@]} of $(wc -l < "$OUTDIR/selected_$tool.txt") selected tests left"
       [ ${#tests[@]} -gt 0 ] || continue
       log="$OUTDIR/sanitizer_$tool${shard_suffix}_resumed-${#earlier[@]}.log"
+      part_suffix="_part-"
       run_shard=""  # the ids left are already the shard's
+      # The ids go SANITIZER_CHUNK at a time (default 250), each chunk a fresh process under the tool: a
+      # long run's workers grow by tens of GB of device memory under the tools until tests fail for want
+      # of it, and a chunk that ends prints its failures before a later one is cut.
+      chunk="${SANITIZER_CHUNK:-250}"
     fi
-    # A resumed run goes through its test ids SANITIZER_CHUNK at a time (default 250), each chunk a fresh
-    # process under the tool: a long run's workers grow by tens of GB of device memory under the tools
-    # until tests fail for want of it, and a chunk that ends prints its failures before a later one is cut.
-    chunk="${SANITIZER_CHUNK:-250}"
-    [ -n "${SANITIZER_RESUME:-}" ] || chunk=${#tests[@]}
     (
       part=0
       for ((first = 0; first < ${#tests[@]}; first += chunk)); do
         part=$((part + 1))
-        part_log="$log"
-        [ -n "${SANITIZER_RESUME:-}" ] && part_log="${log%.log}_part-$part.log"
+        part_log="${log%.log}${part_suffix:+$part_suffix$part}.log"
         CUDA_VISIBLE_DEVICES="$gpu" PYTORCH_NO_CUDA_MEMORY_CACHING=1 FUSED_OPS_HYPOTHESIS_EXAMPLES=50 \
         FUSED_OPS_TEST_SHARD="$run_shard" compute-sanitizer --tool "$tool" --error-exitcode 3 \
           ${filter[@]+"${filter[@]}"} "$PY" -m pytest "${tests[@]:first:chunk}" -v --durations=20 \

@@ -182,8 +182,10 @@ def main():
         made += 1
         if index in (min(1000, calls // 10), calls // 2):
             inputs = outputs = grads = None  # the last call's tensors are not part of the allocator's state
-            middle = memory() if baseline is not None else None
-            baseline = memory() if baseline is None else baseline
+            if baseline is None:
+                baseline = memory()
+            else:
+                middle = memory()
         spec = rng.choice(OPS)
         dtype = rng.choice(dtypes)
         shape = rng.choice(SHAPES)

@@ -20,6 +20,8 @@ def run_soak(*arguments):
 def test_short_soak_on_the_cpu():
     summary = run_soak("--calls", "1200", "--check-every", "5")
     assert summary["calls"] == 1200 and summary["checks"] == 240 and summary["wrong"] == 0
+    # the verdict's figure, the growth from call 600 to the end, is reported and within the CPU allowance
+    assert summary["second_half_growth_bytes"] <= 64 * 2**20
 
 
 def test_soak_in_two_processes_sums_their_runs():
@@ -27,6 +29,7 @@ def test_soak_in_two_processes_sums_their_runs():
     # 151 and 150 calls, each checked at calls 0, 10, ...: 16 + 15 checks.
     assert summary["processes"] == 2 and summary["calls"] == 301 and summary["checks"] == 31
     assert summary["wrong"] == 0 and len(summary["memory_growth_bytes"]) == 2
+    assert len(summary["second_half_growth_bytes"]) == 2
 
 
 def test_seconds_end_the_calls_early():
