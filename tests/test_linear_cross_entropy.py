@@ -90,6 +90,20 @@ def test_several_chunks(device, dtype):
     check(x, weight, target, bias, dtype, "mean", 0.1)
 
 
+def test_gradients_ignore_what_earlier_memory_left_in_the_buffer(device, dtype):
+    """The chunk buffer's rows are padded to whole vectors (ops/cross_entropy/launch_plan.h), and the
+    allocator hands it out with what an earlier tensor of its size left there: here NaN, freed just
+    before each call. No gradient may depend on that padding."""
+    rows, hidden, classes = 48, 64, 101
+    per_vector = 16 // dtype.itemsize
+    row_stride = -(-classes // per_vector) * per_vector
+    x, weight, target, bias = make_inputs((rows,), hidden, classes, dtype, device, bias=False)
+    for _ in range(20):
+        poison = torch.full((rows, row_stride), float("nan"), dtype=dtype, device=device)
+        del poison
+        check(x.detach().clone(), weight.detach().clone(), target, bias, dtype, "mean")
+
+
 def test_chunk_plan(monkeypatch):
     """The rows per chunk (ops/cross_entropy/launch_plan.h), read through the library's C entry point:
     an eighth of the logits held between 120 MB and 512 MB and under an eighth of free memory, the rows
