@@ -210,10 +210,13 @@ def main():
                 print(f"wrong answer: graph replay {replays}, {spec_of_graph.name}", file=sys.stderr)
     del inputs, outputs, grads
     end = memory()
-    growth = end - baseline if baseline is not None else 0
     # A leak grows with the calls, so the verdict is the growth over the second half of the run: the
     # one-time allocations of an op's first calls (a stream's first library workspace) come before it.
-    later_growth = end - (middle if middle is not None else baseline) if baseline is not None else 0
+    if baseline is None:
+        growth = later_growth = 0
+    else:
+        growth = end - baseline
+        later_growth = end - (baseline if middle is None else middle)
     # CPU: the process's resident memory may move by allocator pages; CUDA: the allocator's live bytes.
     allowed = 0 if device == "cuda" else 64 * 2**20
     summary = {"device": device, "calls": made, "checks": checks, "wrong": failures, "graph_replays": replays,

@@ -76,10 +76,7 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
   if (chunk_rows > 0) {
     const int64_t row_stride = cross_entropy_row_stride(classes, x.element_size());
     buffer = at::empty({chunk_rows, row_stride}, x.options());
-    // ATen's CPU bfloat16 product reads a row's padding when the logits are its left operand (and
-    // multiplies it by zero): a NaN or infinity left there by earlier memory would make a gradient row
-    // NaN. cuBLAS reads only the classes.
-    if (x.is_cpu() && row_stride > classes) buffer.narrow(1, classes, row_stride - classes).zero_();
+    if (backend.zero_row_padding && row_stride > classes) buffer.narrow(1, classes, row_stride - classes).zero_();
     buffer = buffer.narrow(1, 0, classes);
   }
   const at::Tensor weight_t = weight.t();

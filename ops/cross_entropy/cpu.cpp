@@ -56,7 +56,7 @@ void cross_entropy_rows_cpu(const CrossEntropyRows& p, at::ScalarType dtype) {
 
 CrossEntropyBackend cross_entropy_cpu_backend() {
   // A chunk of at most an eighth of 4 GB: the CPU path is the reference, not a memory-bound server.
-  return {cross_entropy_rows_cpu, int64_t(4) << 30, true};
+  return {cross_entropy_rows_cpu, int64_t(4) << 30, true, /*zero_row_padding=*/true};
 }
 
 }  // namespace fused_ops

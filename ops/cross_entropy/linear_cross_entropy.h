@@ -66,6 +66,10 @@ struct CrossEntropyBackend {
   CrossEntropyRowsFunction rows;
   int64_t available_bytes;  // memory the logits chunk may take a share of (the device's free memory)
   bool check_targets;       // check the targets' range and read it back (false while a CUDA graph captures)
+  // The device's products read a row's padding past the classes (multiplied by zero), so the chunk
+  // buffer's padding is zeroed: a NaN or infinity that earlier memory left there would make gradient
+  // rows NaN. ATen's CPU bfloat16 product does; cuBLAS reads only the classes.
+  bool zero_row_padding = false;
 };
 
 struct LinearCrossEntropyResult {
