@@ -7,7 +7,8 @@ run and passed and the errors (racecheck: hazards) the tool reported while they 
 Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest -v` under
 `compute-sanitizer --tool TOOL`, named sanitizer_TOOL[...].log as scripts/gpu_check.sh writes them.
 A report is counted against the test whose result line follows it, so the runs must be serial (no
-pytest-xdist workers, whose output interleaves). A test's op is the op name its id carries (the
+pytest-xdist workers, whose output interleaves). A test that several logs of one tool ran (a chunk run
+again) counts once: failed if any run failed, with the reports of every run. A test's op is the op name its id carries (the
 registry's tests are parametrized by op) or, failing that, the op its file tests (FILE_OPS); tests of
 every op at once count under "all ops". The schemas' names come from registration/schemas.cpp.
 """
@@ -50,9 +51,10 @@ def tool_of(path):
     return match.group(1)
 
 
-def parse(path, ops):
-    """{op: Counter(tests, passed, failed, reports)} of one log, and the tool's own error total."""
-    rows = collections.defaultdict(collections.Counter)
+def parse(path):
+    """[(test id, outcome, reports)] of one log in order, the reports after its last result, and the
+    tool's own error total."""
+    results = []
     pending = 0
     total = 0
     for line in open(path, errors="replace"):
@@ -69,15 +71,9 @@ def parse(path, ops):
         worker_result = WORKER_RESULT.match(line)
         if result or worker_result:
             test_id, outcome = result.groups() if result else reversed(worker_result.groups())
-            counts = rows[op_of(test_id, ops)]
-            counts["tests"] += 1
-            counts["passed"] += outcome in ("PASSED", "XFAIL")
-            counts["failed"] += outcome in ("FAILED", "ERROR", "XPASS")
-            counts["reports"] += pending
+            results.append((test_id, outcome, pending))
             pending = 0
-    if pending:  # reported after the last result (teardown): the run's, not a test's
-        rows["all ops"]["reports"] += pending
-    return rows, total
+    return results, pending, total
 
 
 def finished_tests(paths, tool):
@@ -94,14 +90,29 @@ def finished_tests(paths, tool):
 
 
 def table(paths, ops):
-    by_tool = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    runs = collections.defaultdict(dict)  # tool -> test id -> Counter(failed, passed, reports)
+    teardown = collections.Counter()
     totals = collections.Counter()
     for path in paths:
         tool = tool_of(path)
-        rows, total = parse(path, ops)
+        results, after_last, total = parse(path)
         totals[tool] += total
-        for op, counts in rows.items():
-            by_tool[tool][op].update(counts)
+        teardown[tool] += after_last  # reported after the last result: the run's, not a test's
+        for test_id, outcome, reports in results:
+            run = runs[tool].setdefault(test_id, collections.Counter())
+            run["failed"] += outcome in ("FAILED", "ERROR", "XPASS")
+            run["passed"] += outcome in ("PASSED", "XFAIL")
+            run["reports"] += reports
+    by_tool = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    for tool in totals:
+        for test_id, run in runs[tool].items():
+            counts = by_tool[tool][op_of(test_id, ops)]
+            counts["tests"] += 1
+            counts["failed"] += run["failed"] > 0
+            counts["passed"] += run["failed"] == 0 and run["passed"] > 0
+            counts["reports"] += run["reports"]
+        if teardown[tool]:
+            by_tool[tool]["all ops"]["reports"] += teardown[tool]
     lines = ["| tool | op | tests run | passed | failed | reports |", "| --- | --- | --- | --- | --- | --- |"]
     for tool in sorted(by_tool):
         for op in sorted(by_tool[tool], key=lambda name: (name == "all ops", name)):

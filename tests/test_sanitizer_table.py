@@ -50,6 +50,15 @@ def test_reports_go_to_the_running_test_and_tests_to_their_op(tmp_path):
     assert "| memcheck | silu_mul | 1 | 0 | 1 | 1 |" in lines
 
 
+def test_a_test_run_again_counts_once_and_keeps_its_failure(tmp_path):
+    first = "tests/test_norms.py::test_a[cuda-rms_norm] FAILED [ 50%]\ntests/test_norms.py::test_b[cuda-rms_norm] PASSED [ 99%]\n"
+    again = ("tests/test_norms.py::test_a[cuda-rms_norm] PASSED [ 50%]\n========= Race reported\n"
+             "tests/test_norms.py::test_b[cuda-rms_norm] PASSED [ 99%]\n")
+    paths = [write(tmp_path, "sanitizer_racecheck_resumed-1.log", first), write(tmp_path, "sanitizer_racecheck_resumed-2.log", again)]
+    lines, by_tool, totals = sanitizer_table.table(paths, sanitizer_table.op_names())
+    assert by_tool["racecheck"]["rms_norm"] == {"tests": 2, "passed": 1, "failed": 1, "reports": 1}
+
+
 @pytest.mark.parametrize("text, code", [(RACECHECK, 0), (MEMCHECK, 1)])
 def test_exit_status_says_whether_the_run_is_clean(tmp_path, text, code):
     path = write(tmp_path, "sanitizer_racecheck.log" if code == 0 else "sanitizer_memcheck.log", text)
