@@ -8,9 +8,9 @@ Each log is one tool's run (or one shard of it: SANITIZER_SHARD=k/n) of `pytest 
 `compute-sanitizer --tool TOOL`, named sanitizer_TOOL[...].log as scripts/gpu_check.sh writes them.
 A report is counted against the test whose result line follows it, so the runs must be serial (no
 pytest-xdist workers, whose output interleaves). A test that several logs of one tool ran (a chunk run
-again) counts once: failed if any run failed, with the reports of every run. A test's op is the op name its id carries (the
-registry's tests are parametrized by op) or, failing that, the op its file tests (FILE_OPS); tests of
-every op at once count under "all ops". The schemas' names come from registration/schemas.cpp.
+again) counts once: failed if any run failed, with the reports of every run. A test's op is the op name
+its id carries (the registry's tests are parametrized by op) or, failing that, the op its file tests
+(FILE_OPS); tests of every op at once count under "all ops". The schemas' names come from registration/schemas.cpp.
 """
 import argparse
 import collections
@@ -78,15 +78,7 @@ def parse(path):
 
 def finished_tests(paths, tool):
     """The ids of the tests with a result in the logs of `tool` (a run cut short lists what it reached)."""
-    finished = set()
-    for path in paths:
-        if tool_of(path) != tool:
-            continue
-        for line in open(path, errors="replace"):
-            result = RESULT.match(line) or WORKER_RESULT.match(line)
-            if result:
-                finished.add(next(group for group in result.groups() if group.startswith("tests/")))
-    return finished
+    return {test_id for path in paths if tool_of(path) == tool for test_id, _, _ in parse(path)[0]}
 
 
 def table(paths, ops):
