@@ -120,14 +120,20 @@ if step sanitizer; then
     # after "Internal Sanitizer Error: Detected a failure to track a kernel launch". racecheck looks
     # for shared-memory hazards inside a block, which host threads do not change, and the
     # single-threaded tests launch the same kernels.
+    # racecheck also ends the whole-model 16-bit autocast tests and the smallest 16-bit loss tests with
+    # its own "Internal Sanitizer Error: failed to handle a hardware exception", in one process as in
+    # workers, whichever single family of kernels it instruments (also one the test never launches), so
+    # not in a kernel it checks; memcheck runs them clean, and the other 16-bit loss and op tests run
+    # the same kernels under racecheck.
     tool_selection="$selection"
-    [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads"
-    # initcheck does not see the writes of cuBLAS's 16-bit products (a bare bfloat16 torch.mm and a copy
-    # of its result give 100 reports in aten's copy kernel), so it reports every kernel that reads them:
-    # the whole-model tests of tests/test_fuse.py flood it in aten's copy and cat kernels until the run
-    # stalls, and the bfloat16 loss tests in the loss's row kernel, which reads the chunk's logits. The
-    # op tests run the kernels those models call, and the float16/32/64 loss tests the same row kernel.
-    [ "$tool" = initcheck ] && tool_selection="$selection and not test_fuse.py and not (test_linear_cross_entropy.py and bfloat16)"
+    [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads and not (test_fuse.py and (autocast or gpt2_and_bert)) and not (test_linear_cross_entropy.py and 2x3-16-40 and (float16 or bfloat16))"
+    # initcheck does not see the writes of cuBLAS's 16-bit products (a bare float16 torch.mm over 8
+    # columns and a copy of its result give 100 reports in aten's copy kernel; over 7 columns, none), so
+    # it reports every kernel that reads them: the whole-model tests of tests/test_fuse.py flood it in
+    # aten's copy and cat kernels until the run stalls, and the 16-bit loss tests in the loss's row
+    # kernel and in cuBLAS's next product, both reading the chunk's logits. The op tests run the kernels
+    # those models call, and the float32/64 loss tests the same row kernel.
+    [ "$tool" = initcheck ] && tool_selection="$selection and not test_fuse.py and not (test_linear_cross_entropy.py and (bfloat16 or float16))"
     tests=("${test_files[@]}")
     chunk=${#tests[@]}
     part_suffix=""
