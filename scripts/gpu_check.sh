@@ -120,11 +120,11 @@ if step sanitizer; then
     # after "Internal Sanitizer Error: Detected a failure to track a kernel launch". racecheck looks
     # for shared-memory hazards inside a block, which host threads do not change, and the
     # single-threaded tests launch the same kernels.
-    # racecheck also ends the whole-model 16-bit autocast tests and the smallest 16-bit loss tests with
-    # its own "Internal Sanitizer Error: failed to handle a hardware exception", in one process as in
-    # workers, whichever one family of this library's kernels it instruments, so not in a kernel it
-    # checks; memcheck runs them clean, and the other 16-bit loss and op tests run the same kernels
-    # under racecheck.
+    # racecheck also ends the whole-model tests under bfloat16 autocast (the Llama-family steps and
+    # GPT-2/BERT) and the smallest 16-bit loss tests with its own "Internal Sanitizer Error: failed to
+    # handle a hardware exception", in one process as in workers, whichever one family of this
+    # library's kernels it instruments, so not in a kernel it checks; memcheck runs them clean, and the
+    # other 16-bit loss and op tests run the same kernels under racecheck.
     tool_selection="$selection"
     [ "$tool" = racecheck ] && tool_selection="$selection and not eight_threads and not (test_fuse.py and (autocast or gpt2_and_bert)) and not (test_linear_cross_entropy.py and 2x3-16-40 and (float16 or bfloat16))"
     # initcheck does not see the writes of cuBLAS's 16-bit products (a bare float16 torch.mm over 8
