@@ -278,3 +278,45 @@ def training_step_matches_one_process(device, mesh_shape, compile_backend):
         torch.testing.assert_close(grad, expected_grads[name].grad, rtol=1e-9, atol=1e-11, msg=lambda m: f"{name}: {m}")
         checked += 1
     assert checked == len(expected_grads)
+
+
+# ---- a fused Hugging Face model under FSDP2
+
+def fused_hugging_face_model_under_fsdp2(device):
+    """A tiny Llama after fused_ops.fuse(), fully_shard per decoder layer and at the root, over the
+    processes' halves of a batch: the loss, every gradient and the loss after one AdamW step against
+    the stock model on the whole batch in this process."""
+    import copy
+
+    import transformers
+    from torch.distributed.fsdp import fully_shard
+
+    import fused_ops
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=101, max_position_embeddings=64)
+    reference = transformers.LlamaForCausalLM(config).to(device)
+    model = fused_ops.fuse(copy.deepcopy(reference))
+    assert model.fused_ops_report.counts()["gated_mlp"] == 2
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (reference, model)]
+    tokens = torch.randint(0, 101, (4, 12), generator=torch.Generator().manual_seed(1)).to(device)
+    local = tokens.chunk(dist.get_world_size())[dist.get_rank()]
+    for step in range(2):
+        expected = reference(input_ids=tokens, labels=tokens).loss
+        loss = model(input_ids=local, labels=local).loss
+        global_loss = loss.detach().clone()
+        dist.all_reduce(global_loss)  # equal token counts per process: the mean of the means
+        torch.testing.assert_close(global_loss / dist.get_world_size(), expected.detach(), rtol=1e-5, atol=1e-6)
+        expected.backward()
+        loss.backward()
+        expected_grads = dict(reference.named_parameters())
+        for name, parameter in model.named_parameters():
+            torch.testing.assert_close(parameter.grad.full_tensor(), expected_grads[name].grad, rtol=1e-4, atol=1e-6,
+                                       msg=lambda m: f"step {step}, {name}: {m}")
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()

@@ -110,3 +110,9 @@ def test_rules_load_with_dtensor_only(order):
              "from torch.distributed.tensor import DTensor\n"
              "assert torch.ops.fused.rms_norm.default in DTensor._op_dispatcher.sharding_propagator.op_strategy_funcs\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize("device", devices(2))
+def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(device):
+    pytest.importorskip("transformers")
+    spawn(2, device, "fused_hugging_face_model_under_fsdp2")

@@ -1,7 +1,9 @@
 """fused_ops.fuse on tiny random-init Hugging Face models (Llama, Mistral, Qwen2, Qwen3, GPT-2, BERT) and
 on torch's own norms: what it swaps, the same loss, logits and gradients as the stock model eagerly and
 compiled, generation with a KV cache, and an unchanged state dict."""
+import collections
 import copy
+import io
 import logging
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import pytest
 import torch
 
 import fused_ops
+from fused_ops.patching.swap import fused_kind
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,8 +25,8 @@ FAMILIES = {
     "qwen3": lambda: transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**SIZES, head_dim=16)),
 }
 # Modules of each kind a 2-layer model has: RMSNorms (two per layer and the final one, plus q_norm and
-# k_norm per Qwen3 layer), MLPs, attentions, decoder layers, the causal LM.
-EXPECTED = {"norm": 5, "mlp": 2, "rope": 2, "residual_norm": 2, "cross_entropy": 1}
+# k_norm per Qwen3 layer), MLPs, attentions, decoder layers, the causal LM, the base model.
+EXPECTED = {"norm": 5, "gated_mlp": 2, "rotary": 2, "residual_norm": 2, "lm_head_loss": 1, "causal_mask": 1}
 
 
 def stock_and_fused(family, device):
@@ -36,24 +39,11 @@ def stock_and_fused(family, device):
     return stock, fused_ops.fuse(copy.deepcopy(stock))
 
 
-def gradients_by_stock_name(model):
-    """Every parameter's gradient under the stock model's names (the merged gate/up split back)."""
-    grads = {}
-    for name, parameter in model.named_parameters():
-        if name.endswith("gate_up_proj.weight"):
-            gate, up = parameter.grad.chunk(2)
-            grads[name.replace("gate_up_proj", "gate_proj")] = gate
-            grads[name.replace("gate_up_proj", "up_proj")] = up
-        else:
-            grads[name] = parameter.grad
-    return grads
-
-
 def assert_gradients_match_stock(fused, stock, rtol=1e-4, atol=1e-5, relative_atol=0.0, dtype=None):
-    """Every parameter's gradient of the fused model, under the stock model's names, against the stock
-    model's (atol plus relative_atol times the largest stock gradient of that parameter)."""
+    """Every parameter's gradient of the fused model against the stock model's (atol plus relative_atol
+    times the largest stock gradient of that parameter)."""
     expected = dict(stock.named_parameters())
-    grads = gradients_by_stock_name(fused)
+    grads = {name: parameter.grad for name, parameter in fused.named_parameters()}
     assert set(grads) == set(expected)
     for name, grad in grads.items():
         assert dtype is None or grad.dtype == dtype, name
@@ -65,16 +55,12 @@ def assert_gradients_match_stock(fused, stock, rtol=1e-4, atol=1e-5, relative_at
 def test_swaps_each_kind_and_logs_it(family, caplog):
     with caplog.at_level(logging.INFO, logger="fused_ops"):
         _, fused = stock_and_fused(family, "cpu")
-    kinds = {}
-    for module in fused.modules():
-        kind = getattr(type(module), "_fused_ops_kind", None)
-        if kind is not None:
-            kinds[kind] = kinds.get(kind, 0) + 1
-    assert sum(isinstance(m, fused_ops.nn.RMSNorm) for m in fused.modules()) == 5 + (4 if family == "qwen3" else 0)
-    assert sum(type(m).__name__ == "FusedGatedMLP" for m in fused.modules()) == 2
-    assert kinds == {"rope": 2, "residual_norm": 2, "cross_entropy": 1, "causal_mask": 1}
+    counts = fused.fused_ops_report.counts()
+    assert counts == dict(EXPECTED, norm=EXPECTED["norm"] + (4 if family == "qwen3" else 0)), fused.fused_ops_report
+    kinds = collections.Counter(fused_kind(m) for m in fused.modules() if fused_kind(m))
+    assert kinds == counts
     lines = [r.getMessage() for r in caplog.records if r.name == "fused_ops"]
-    assert len(lines) == 6 and all(line.startswith("fused_ops.fuse: ") for line in lines)
+    assert len(lines) == len(EXPECTED) and all(line.startswith("fused_ops.fuse: ") for line in lines)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -223,12 +209,16 @@ def test_state_dict_is_unchanged_and_checkpoints_load_both_ways(tmp_path):
 
 def test_torch_norms_and_options():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.RMSNorm(16), torch.nn.LayerNorm(16),
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.RMSNorm(16, eps=1e-5), torch.nn.LayerNorm(16),
                                 torch.nn.LayerNorm(16, bias=False))
+    with torch.no_grad():
+        for norm in model[1:]:
+            norm.weight.uniform_(0.5, 1.5)
     x = torch.randn(3, 16)
     want = model(x)
     fused_ops.fuse(model)
-    assert [type(m) for m in model[1:]] == [fused_ops.nn.RMSNorm, fused_ops.nn.LayerNorm, fused_ops.nn.LayerNorm]
+    assert [fused_kind(m) for m in model[1:]] == ["norm"] * 3
+    assert [type(m).__bases__[0] for m in model[1:]] == [torch.nn.RMSNorm, torch.nn.LayerNorm, torch.nn.LayerNorm]
     torch.testing.assert_close(model(x), want)
     assert list(model.state_dict()) == ["0.weight", "0.bias", "1.weight", "2.weight", "2.bias", "3.weight"]
     kept = fused_ops.fuse(FAMILIES["llama"](), mlp=False, rope=False, cross_entropy=False)
@@ -242,19 +232,52 @@ def test_nothing_to_fuse_warns_and_returns_the_model():
         assert fused_ops.fuse(model) is model
 
 
-def test_unknown_structure_is_left_alone_and_logged(caplog):
-    class OddRMSNorm(torch.nn.Module):  # an RMSNorm by name whose forward is not the Llama one
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.ones(8))
+class OffsetRMSNorm(torch.nn.Module):
+    """An RMSNorm by name and by its parts whose weight is applied as (1 + weight)."""
 
-        def forward(self, x):
-            return x * (1 + self.weight)
-    model = torch.nn.Sequential(OddRMSNorm(), torch.nn.RMSNorm(8))
-    with caplog.at_level(logging.INFO, logger="fused_ops"):
-        fused_ops.fuse(model)
-    assert type(model[0]) is OddRMSNorm and type(model[1]) is fused_ops.nn.RMSNorm
-    assert any("left OddRMSNorm alone" in r.getMessage() for r in caplog.records)
+    def __init__(self, size):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(size))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)
+
+
+class LayerNormByAnotherName(torch.nn.Module):
+    """Called RMSNorm, computes a LayerNorm without bias: the probe, not the name, decides."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size))
+        self.eps = 1e-5
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, x.shape[-1:], self.weight, None, self.eps)
+
+
+def test_norms_are_proven_by_what_they_compute_not_their_names():
+    model = torch.nn.Sequential(OffsetRMSNorm(8), LayerNormByAnotherName(8), torch.nn.RMSNorm(8, eps=1e-6))
+    x = torch.randn(3, 8)
+    want = model(x)
+    fused_ops.fuse(model)
+    report = model.fused_ops_report
+    assert fused_kind(model[0]) is None and type(model[0]) is OffsetRMSNorm
+    assert [e.detail for e in report.entries if e.path == "0"][0].startswith("not proven")
+    assert dict(type(model[1])._fused_ops_options)["function"] == "layer_norm"
+    assert dict(type(model[2])._fused_ops_options)["function"] == "rms_norm"
+    torch.testing.assert_close(model(x), want)
+
+
+def test_report_type_errors_and_fusing_twice(capsys):
+    with pytest.raises(TypeError, match="expected a torch.nn.Module, got str"):
+        fused_ops.fuse("llama")
+    model = fused_ops.fuse(FAMILIES["llama"](), verbose=True)
+    table = capsys.readouterr().out
+    assert "fused_ops.fuse(LlamaForCausalLM, llama)" in table and "gated_mlp" in table and "swapped" in table
+    assert isinstance(model.fused_ops_report, fused_ops.FusionReport)
+    with pytest.warns(UserWarning, match="already fused"):
+        assert fused_ops.fuse(model) is model
 
 
 def create_causal_mask(config, mask_kind):  # a create_causal_mask whose arguments fuse does not know
@@ -266,12 +289,12 @@ class BaseModelOfAnotherVersion(torch.nn.Module):
         return x + (create_causal_mask(None, "causal") or 0)
 
 
-def test_causal_mask_of_unknown_arguments_is_left_alone_and_logged(caplog):
-    model = torch.nn.Sequential(BaseModelOfAnotherVersion(), torch.nn.RMSNorm(8))
-    with caplog.at_level(logging.INFO, logger="fused_ops"):
-        fused_ops.fuse(model)
+def test_causal_mask_of_unknown_arguments_is_left_alone_and_reported():
+    model = torch.nn.Sequential(BaseModelOfAnotherVersion(), torch.nn.RMSNorm(8, eps=1e-6))
+    fused_ops.fuse(model)
     assert type(model[0]) is BaseModelOfAnotherVersion
-    assert any("left BaseModelOfAnotherVersion alone (causal_mask)" in r.getMessage() for r in caplog.records)
+    [entry] = [e for e in model.fused_ops_report.entries if e.kind == "causal_mask"]
+    assert not entry.swapped and "arguments" in entry.detail
 
 
 def test_gpt2_and_bert_bias_gelu(device):

@@ -1,0 +1,160 @@
+"""`fused_ops.fuse(model)`: model patching that is proven, not guessed.
+
+Each rule (rules/) finds candidates by structure, proves each variant of its replacement on a seeded
+probe against what the module really computes (probe.py), and swaps the first one proven, on this
+instance only (swap.py). Anything not proven is left alone, with the reason, in the report.
+Hugging Face transformers is never imported by `import fused_ops`; its models are recognised as given.
+"""
+import logging
+import warnings
+
+import torch
+
+from . import probe
+from .report import Entry, FusionReport
+from .rules import LeftAlone
+from .rules.bias_gelu import BiasGELURule
+from .rules.causal_mask import CausalMaskRule
+from .rules.gated_mlp import GatedMLPRule
+from .rules.lm_head import LMHeadLossRule
+from .rules.norm import NormRule
+from .rules.residual_norm import ResidualNormRule
+from .rules.rotary import RotaryRule
+from .swap import fused_class, fused_kind, swap
+
+logger = logging.getLogger("fused_ops")
+
+# The order matters once: residual_norm builds on the norms proven before it.
+_RULES = [(GatedMLPRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"), (LMHeadLossRule(), "cross_entropy"),
+          (NormRule(), "norms"), (ResidualNormRule(), "residual_norms"), (CausalMaskRule(), "causal_mask")]
+
+
+class _Context:
+    """The calls of one probe forward of the whole model, for rules whose inputs are a real call's."""
+
+    def __init__(self, model, modules):
+        self.calls, self.failure = {}, None
+        if not modules:
+            return
+        forward_model = getattr(model, "_orig_mod", model)  # a compiled model: probe the eager one
+        config = getattr(forward_model, "config", None)
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        vocab_size = getattr(text_config, "vocab_size", None)
+        if not isinstance(vocab_size, int):
+            self.failure = "no probe forward: the model has no config.vocab_size to draw input_ids from"
+            return
+        embeddings = forward_model.get_input_embeddings() if hasattr(forward_model, "get_input_embeddings") else None
+        parameter = getattr(embeddings, "weight", None)
+        if parameter is None:
+            parameter = next(forward_model.parameters())
+        if parameter.device.type == "meta":
+            self.failure = "no probe forward: the parameters are on the meta device"
+            return
+        generator = torch.Generator().manual_seed(probe.PROBE_SEED)
+        ids = torch.randint(0, vocab_size, (2, 6), generator=generator).to(parameter.device)
+        try:
+            self.calls = probe.capture_calls(forward_model, modules,
+                                             lambda: forward_model(input_ids=ids, use_cache=False))
+        except Exception as error:  # the model's own forward: whatever it raises, nothing is swapped from it
+            self.failure = f"the probe forward failed: {type(error).__name__}: {str(error)[:200]}"
+
+    def captured_inputs(self, module):
+        if module not in self.calls:
+            raise LeftAlone(self.failure or "the probe forward did not call it")
+        args, kwargs, _ = self.calls[module]
+        return probe.captured(args, kwargs)
+
+    def captured_output(self, module):
+        return self.calls[module][2] if module in self.calls else None
+
+
+def _prove(rule, module, context):
+    """The options of the first variant proven for `module`, or raises LeftAlone with every reason."""
+    reasons = []
+    for options in rule.variants(module, context):
+        fused_cls = fused_class(type(module), rule.kind, options)
+        try:
+            if hasattr(rule, "verify"):
+                rule.verify(module, fused_cls, context)
+            else:
+                probe.verify(module, fused_cls, rule.inputs(module, context),
+                             random_parameters=rule.random_parameters, select=rule.select(module, options))
+            return options
+        except LeftAlone:
+            raise
+        except probe.Mismatch as mismatch:
+            reasons.append(f"{_describe(options)}: {mismatch}")
+        except Exception as error:  # the probe of a module that is not what the rule replaces
+            reasons.append(f"{_describe(options)}: the probe failed ({type(error).__name__}: {str(error)[:160]})")
+    raise LeftAlone("not proven: " + "; ".join(reasons))
+
+
+def _describe(options):
+    return ", ".join(f"{name}={getattr(value, '__name__', value)}" for name, value in options) or "as is"
+
+
+def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: bool = True,
+         residual_norms: bool = True, cross_entropy: bool = True, causal_mask: bool = True,
+         verbose: bool = False) -> torch.nn.Module:
+    """Swaps, in place, the modules of `model` that fused ops are proven to replace, and returns it.
+
+    Each candidate (found by structure) is swapped only where its fused forward computes, on a seeded
+    probe with random parameters in float64, in eval and train mode, the same outputs and gradients as
+    the module's own forward; anything else is left alone. Parameters are untouched (same objects,
+    names, shapes, state-dict keys), so an optimizer made before fuse(), LoRA adapters and checkpoints
+    keep working. The swaps are instance-level subclasses that pickle and deepcopy. The LM head + loss
+    skips the logits only when training with labels; in eval mode the logits come back with the loss.
+    `model.fused_ops_report` says what was swapped and left alone, and why (`verbose=True` prints it).
+    The keyword flags turn kinds off.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"fused_ops.fuse: expected a torch.nn.Module, got {type(model).__name__}")
+    if isinstance(getattr(model, "fused_ops_report", None), FusionReport) or any(
+            fused_kind(module) for module in model.modules()):
+        warnings.warn(f"fused_ops.fuse: {type(model).__name__} is already fused; returned unchanged", stacklevel=2)
+        return model
+    enabled = dict(norms=norms, mlp=mlp, rope=rope, residual_norms=residual_norms, cross_entropy=cross_entropy,
+                   causal_mask=causal_mask)
+    rules = [rule for rule, flag in _RULES if enabled[flag]]
+    candidates = {rule.kind: list(rule.candidates(model)) for rule in rules}
+    captured = {module for rule in rules if rule.needs_capture for _, module in candidates[rule.kind]}
+    captured |= {module.model for rule in rules if rule.kind == "lm_head_loss" for _, module in candidates[rule.kind]
+                 if isinstance(getattr(module, "model", None), torch.nn.Module)}
+    context = _Context(model, captured)
+    config = getattr(getattr(model, "_orig_mod", model), "config", None)
+    report = FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
+    try:
+        for rule in rules:
+            for path, module in candidates[rule.kind]:
+                if fused_kind(module):
+                    continue
+                try:
+                    options = _prove(rule, module, context)
+                except LeftAlone as reason:
+                    report.entries.append(Entry(path, type(module).__name__, rule.kind, False, str(reason)))
+                    continue
+                report.entries.append(Entry(path, type(module).__name__, rule.kind, True, _describe(options)))
+                swap(module, rule.kind, options)
+    finally:
+        probe.forget_random_parameters()
+    model.fused_ops_report = report
+    _log(report)
+    if verbose:
+        print(report)
+    if not report.swapped:
+        warnings.warn(f"fused_ops.fuse: nothing to fuse in {type(model).__name__}; returned unchanged", stacklevel=2)
+    return model
+
+
+def _log(report):
+    by_kind = {}
+    for entry in report.entries:
+        swapped, left = by_kind.setdefault(entry.kind, ({}, {}))
+        side = swapped if entry.swapped else left
+        side[entry.module_class] = side.get(entry.module_class, 0) + 1
+    for kind, (swapped, left) in by_kind.items():
+        text = lambda counts: ", ".join(f"{count} {name}" for name, count in counts.items()) or "none"  # noqa: E731
+        logger.info("fused_ops.fuse: %s: swapped %s; left alone %s", kind, text(swapped), text(left))
+
+
+__all__ = ["fuse", "FusionReport", "Entry"]

@@ -1,0 +1,235 @@
+"""Proof by probe: a fused forward replaces a module's only where both compute the same function.
+
+A candidate is run twice on the same seeded inputs, through its own forward and through the fused one,
+with fresh random parameters (so weights of ones or biases of zeros hide nothing), in eval and in train
+mode under the same random seed (so dropout must match too), in float64 on the CPU (so a wrong epsilon
+or a dropped constant shows far above rounding); outputs and the gradients of every input and parameter
+are compared. A second run in the module's own dtype, device and parameters checks the output dtypes.
+"""
+import contextlib
+import dataclasses
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+from torch.func import functional_call
+
+from . import swap as swapping
+
+PROBE_SEED = 20261204
+_PROBE_RTOL = 2e-5
+# Float64 parameters above this many elements would cost more host memory than a probe is worth.
+_FLOAT64_ELEMENTS = 1 << 27
+
+
+class Mismatch(Exception):
+    """The fused forward does not compute what the module computes (the message says where)."""
+
+
+@dataclasses.dataclass
+class Inputs:
+    """How to call a module in a probe: `make(dtype, device)` gives (args, kwargs); the tensor at
+    `grad_input` (an index into args or a keyword) gets a gradient."""
+    make: Callable[[torch.dtype, torch.device], Tuple[tuple, dict]]
+    grad_input: Any = 0
+
+
+def _map_tensors(value, function):
+    if torch.is_tensor(value):
+        return function(value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_map_tensors(v, function) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_map_tensors(v, function) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, function) for k, v in value.items()}
+    return value
+
+
+def converted(value, dtype, device):
+    """`value` with floating tensors in `dtype` and every tensor on `device`, detached."""
+    def convert(tensor):
+        tensor = tensor.detach().to(device)
+        return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor
+    return _map_tensors(value, convert)
+
+
+def captured(args, kwargs) -> Inputs:
+    """Inputs replaying a call recorded during the probe forward."""
+    args, kwargs = converted(args, None, "cpu"), converted(kwargs, None, "cpu")
+    grad_input = 0 if args else next((k for k, v in kwargs.items() if torch.is_tensor(v) and v.is_floating_point()),
+                                     None)
+    return Inputs(lambda dtype, device: (converted(args, dtype, device), converted(kwargs, dtype, device)), grad_input)
+
+
+def _tensors_of(value, found):
+    if torch.is_tensor(value):
+        found.append(value)
+    elif isinstance(value, (tuple, list)):
+        for v in value:
+            _tensors_of(v, found)
+    elif isinstance(value, dict) or hasattr(value, "items"):
+        for v in value.values():
+            _tensors_of(v, found)
+    return found
+
+
+def _compare(want, got, where, rtol, same_dtype=True):
+    if want is None or got is None:
+        if want is not got and not (want is None and got is None):
+            raise Mismatch(f"{where}: one output is None")
+        return
+    if torch.is_tensor(want) or torch.is_tensor(got):
+        if not (torch.is_tensor(want) and torch.is_tensor(got)):
+            raise Mismatch(f"{where}: a tensor against a {type(got if torch.is_tensor(want) else want).__name__}")
+        if want.shape != got.shape or (same_dtype and want.dtype != got.dtype):
+            raise Mismatch(f"{where}: {tuple(got.shape)} {got.dtype} instead of {tuple(want.shape)} {want.dtype}")
+        if want.is_floating_point() and got.is_floating_point():
+            want, got = want.double(), got.double()
+            scale = want.abs().nan_to_num(0, 0, 0).max().item() if want.numel() else 0.0
+            if not torch.allclose(got, want, rtol=rtol, atol=rtol * scale + 1e-30, equal_nan=True):
+                error = (got - want).abs().nan_to_num(float("inf")).max().item()
+                raise Mismatch(f"{where} differs by up to {error:.3g} (largest value {scale:.3g})")
+        elif not torch.equal(got, want):
+            raise Mismatch(f"{where} differs")
+        return
+    if isinstance(want, (tuple, list)):
+        if not isinstance(got, (tuple, list)) or len(want) != len(got):
+            raise Mismatch(f"{where}: another structure")
+        for i, (w, g) in enumerate(zip(want, got)):
+            _compare(w, g, f"{where}[{i}]", rtol, same_dtype)
+        return
+    if hasattr(want, "items") and hasattr(got, "items"):
+        want_items = {k: v for k, v in want.items() if v is not None}
+        got_items = {k: v for k, v in got.items() if v is not None}
+        if set(want_items) != set(got_items):
+            raise Mismatch(f"{where}: outputs {sorted(got_items)} instead of {sorted(want_items)}")
+        for key in want_items:
+            _compare(want_items[key], got_items[key], f"{where}.{key}", rtol, same_dtype)
+
+
+@contextlib.contextmanager
+def _modes(module, training):
+    saved = [(m, m.training) for m in module.modules()]
+    module.train(training)
+    try:
+        yield
+    finally:
+        for m, mode in saved:
+            m.training = mode
+
+
+@contextlib.contextmanager
+def as_class(module, cls):
+    saved = module.__class__
+    module.__class__ = cls
+    try:
+        yield
+    finally:
+        module.__class__ = saved
+
+
+_random_parameters: Dict[tuple, torch.Tensor] = {}
+
+
+def _random_like(name, parameter, dtype):
+    """A random stand-in for a parameter, the same for every parameter of that name and shape."""
+    key = (name, tuple(parameter.shape), dtype)
+    if key not in _random_parameters:
+        generator = torch.Generator().manual_seed(PROBE_SEED + len(_random_parameters))
+        values = torch.randn(parameter.shape, generator=generator, dtype=dtype)
+        # Matrices keep activations near unit scale; vectors (norm weights, biases) sit away from 0 and 1.
+        _random_parameters[key] = values / parameter.shape[-1] ** 0.5 if parameter.dim() > 1 else values * 0.5 + 0.25
+    return _random_parameters[key].clone().requires_grad_(True)
+
+
+def forget_random_parameters():
+    _random_parameters.clear()
+
+
+def _run(module, cls, state, inputs, dtype, device, training, select, grads: bool):
+    args, kwargs = inputs.make(dtype, device)
+    grad_target = None
+    if grads and inputs.grad_input is not None:
+        container = args if isinstance(inputs.grad_input, int) else kwargs
+        if isinstance(container, tuple):
+            args = list(args)
+            container = args
+        grad_target = container[inputs.grad_input]
+        if torch.is_tensor(grad_target) and grad_target.is_floating_point():
+            grad_target = grad_target.clone().requires_grad_(True)
+            container[inputs.grad_input] = grad_target
+        else:
+            grad_target = None
+        args = tuple(args)
+    with as_class(module, cls), _modes(module, training), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(PROBE_SEED)
+        with torch.enable_grad() if grads else torch.no_grad():
+            output = select(functional_call(module, state, args, kwargs, strict=False))
+    if not grads:
+        return output, []
+    leaves = ([grad_target] if grad_target is not None else []) + [v for v in state.values() if v.requires_grad]
+    outputs = [t for t in _tensors_of(output, []) if t.requires_grad]
+    if not outputs or not leaves:
+        return output, []
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    cotangents = [torch.randn(t.shape, generator=generator, dtype=t.dtype).to(t.device) for t in outputs]
+    gradients = torch.autograd.grad(outputs, leaves, cotangents, allow_unused=True)
+    return output, [torch.zeros_like(leaf) if g is None else g for g, leaf in zip(gradients, leaves)]
+
+
+def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
+           select: Optional[Callable] = None, modes=(False, True)) -> None:
+    """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own forward does (see the
+    module docstring); `select` picks from an output what must match."""
+    select = select or (lambda output: output)
+    stock_cls = type(module)
+    if random_parameters:
+        parameters = dict(module.named_parameters())
+        elements = sum(p.numel() for p in parameters.values())
+        dtype = torch.float64 if elements <= _FLOAT64_ELEMENTS else torch.float32
+        state = {name: _random_like(name, p, dtype) for name, p in parameters.items()}
+        state.update({name: b.detach().to("cpu", dtype if b.is_floating_point() else b.dtype)
+                      for name, b in module.named_buffers()})
+        device = torch.device("cpu")
+    else:
+        dtype, device, state = None, None, {}
+    if random_parameters:
+        for training in modes:
+            mode = "train" if training else "eval"
+            want, want_grads = _run(module, stock_cls, state, inputs, dtype, device, training, select, True)
+            got, got_grads = _run(module, fused_cls, state, inputs, dtype, device, training, select, True)
+            # Float32 tolerances: stock forwards often compute in float32 whatever the input (Llama's
+            # RMSNorm, the causal-LM loss); the probe's inputs put any epsilon or constant far above them.
+            # The dtypes are compared in the module's own dtype below.
+            _compare(want, got, f"{mode} output", _PROBE_RTOL, same_dtype=False)
+            _compare(want_grads, got_grads, f"{mode} gradients", _PROBE_RTOL * 10, same_dtype=False)
+    # In the module's own dtype, device and parameters: the same output dtypes and close values.
+    parameter = next(module.parameters(), None)
+    own_dtype = parameter.dtype if parameter is not None else torch.float32
+    own_device = parameter.device if parameter is not None else torch.device("cpu")
+    if own_device.type == "meta":
+        raise Mismatch("its parameters are on the meta device")
+    want, _ = _run(module, stock_cls, {}, inputs, own_dtype, own_device, False, select, False)
+    got, _ = _run(module, fused_cls, {}, inputs, own_dtype, own_device, False, select, False)
+    _compare(want, got, f"{own_dtype} output", 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2)
+
+
+def capture_calls(model, modules, probe):
+    """Runs `probe()` once (eval, no grad) and returns {module: (args, kwargs, output)} of each module's
+    first call."""
+    calls, handles = {}, []
+
+    def recorder(module):
+        def hook(_, args, kwargs, output):
+            if module not in calls:
+                calls[module] = (args, dict(kwargs), output)
+        return hook
+    for module in modules:
+        handles.append(module.register_forward_hook(recorder(module), with_kwargs=True))
+    try:
+        with _modes(model, False), torch.no_grad():
+            probe()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls

@@ -1,0 +1,71 @@
+"""Projection bias + GELU: GPT-2's MLP (Conv1D, act, c_proj) and BERT's intermediate layer."""
+import torch
+
+from ... import _ops
+from .. import probe
+from ..swap import forward_builder, is_plain_linear
+from . import LeftAlone, Rule
+
+
+def _bias_as_autocast_adds_it(hidden, bias):
+    """The bias in the product's dtype under autocast (whose addmm adds it in that dtype)."""
+    if bias.dtype != hidden.dtype and torch.is_autocast_enabled(hidden.device.type):
+        return bias.to(hidden.dtype)
+    return bias
+
+
+def _is_plain_conv1d(module):
+    return (type(module).__name__ == "Conv1D" and not module._forward_hooks and not module._forward_pre_hooks
+            and isinstance(getattr(module, "bias", None), torch.Tensor))
+
+
+@forward_builder("bias_gelu")
+def _bias_gelu_forward(base, options):
+    approximate, layout = options["approximate"], options["layout"]
+    stock = base.forward
+    if layout == "gpt2_mlp":
+        def forward(self, hidden_states):
+            projection = self.c_fc
+            if not _is_plain_conv1d(projection):
+                return stock(self, hidden_states)
+            hidden = (hidden_states.reshape(-1, projection.weight.shape[0]) @ projection.weight).view(
+                *hidden_states.shape[:-1], projection.weight.shape[1])
+            hidden = _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, projection.bias), approximate)
+            return self.dropout(self.c_proj(hidden))
+    else:
+        def forward(self, hidden_states):
+            if not is_plain_linear(self.dense) or self.dense.bias is None:
+                return stock(self, hidden_states)
+            hidden = torch.nn.functional.linear(hidden_states, self.dense.weight)
+            return _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, self.dense.bias), approximate)
+    return forward
+
+
+class BiasGELURule(Rule):
+    kind = "bias_gelu"
+    description = "projection bias + GELU -> bias_gelu"
+
+    def candidates(self, model):
+        for name, module in model.named_modules():
+            children = set(module._modules)
+            if {"c_fc", "act", "c_proj", "dropout"} == children or {"dense", "intermediate_act_fn"} <= (
+                    children | set(vars(module))):
+                yield name, module
+
+    def variants(self, module, context):
+        layout = "gpt2_mlp" if "c_fc" in module._modules else "intermediate"
+        projection = module.c_fc if layout == "gpt2_mlp" else module.dense
+        if layout == "gpt2_mlp" and not _is_plain_conv1d(projection):
+            raise LeftAlone("c_fc is not a Conv1D with a bias")
+        if layout == "intermediate" and not (is_plain_linear(projection) and projection.bias is not None):
+            raise LeftAlone("dense is not an nn.Linear with a bias")
+        return [(("approximate", approximate), ("layout", layout)) for approximate in ("none", "tanh")]
+
+    def inputs(self, module, context):
+        size = module.c_fc.weight.shape[0] if "c_fc" in module._modules else module.dense.in_features
+
+        def make(dtype, device):
+            generator = torch.Generator().manual_seed(probe.PROBE_SEED)
+            x = torch.randn(2, 3, size, generator=generator, dtype=torch.float64)
+            return (x.to(device, dtype or torch.float64),), {}
+        return probe.Inputs(make)

@@ -1,0 +1,121 @@
+"""The causal LM's head + loss when training with labels: linear_cross_entropy, without the logits.
+
+In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
+forward runs and the logits come back as usual.
+"""
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from ... import _ops
+from .. import probe
+from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear
+from . import LeftAlone, Rule
+
+# The causal-LM forward whose arguments this rule knows (Llama's and its copies').
+_PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
+               "use_cache", "logits_to_keep", "kwargs"]
+
+
+@forward_builder("lm_head_loss")
+def _causal_lm_forward(base, options):
+    stock, output_class = base.forward, options["output_class"]
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+        shift_labels = kwargs.get("shift_labels")
+        if not (self.training and (labels is not None or shift_labels is not None)) or not is_plain_linear(self.lm_head):
+            return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                         use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+        kwargs.pop("shift_labels", None)
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        hidden_states = outputs.last_hidden_state
+        slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        hidden_states = hidden_states[:, slice_indices, :]
+        if shift_labels is None:
+            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+        rows, weight, bias = as_autocast_runs_linear(hidden_states, self.lm_head.weight, self.lm_head.bias)
+        loss = _ops.linear_cross_entropy(rows, weight, shift_labels.to(hidden_states.device), bias,
+                                         reduction="mean" if num_items_in_batch is None else "sum")
+        if num_items_in_batch is not None:
+            loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
+                           else num_items_in_batch)
+        return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+    if stock is not innermost(stock):  # keep the return_dict=False handling of transformers' decorator
+        from transformers.utils.generic import can_return_tuple
+        forward = can_return_tuple(forward)
+    return forward
+
+
+class _HiddenStates(torch.nn.Module):
+    """Stands in for the base model in a probe: returns its `hidden` parameter as the last hidden state."""
+
+    def __init__(self, hidden, output_class):
+        super().__init__()
+        self.hidden = torch.nn.Parameter(hidden)
+        self.output_class = output_class
+
+    def forward(self, *args, **kwargs):
+        return self.output_class(last_hidden_state=self.hidden)
+
+
+class LMHeadLossRule(Rule):
+    kind = "lm_head_loss"
+    description = "LM head + loss when training with labels -> linear_cross_entropy (no logits then)"
+    needs_capture = True
+
+    def candidates(self, model):
+        for name, module in model.named_modules():
+            if "lm_head" in module._modules and "labels" in _parameters(module):
+                yield name, module
+
+    def variants(self, module, context):
+        if "model" not in module._modules:
+            raise LeftAlone("its base model is not at .model")
+        if _parameters(module) != _PARAMETERS:
+            raise LeftAlone(f"its forward's arguments are not the Llama-shaped causal LM's: {_parameters(module)}")
+        if not isinstance(module.lm_head, torch.nn.Linear):
+            raise LeftAlone("its head is not an nn.Linear")
+        output = context.captured_output(module)
+        if output is None or not hasattr(output, "logits"):
+            raise LeftAlone("the probe forward gave no output with logits")
+        return [(("output_class", type(output)),)]
+
+    def verify(self, module, fused_cls, context):
+        base_output = context.captured_output(module.model)
+        if base_output is None or not hasattr(base_output, "last_hidden_state"):
+            raise probe.Mismatch("the base model's output has no last_hidden_state")
+        head = module.lm_head
+        vocab, width = head.weight.shape
+        generator = torch.Generator().manual_seed(probe.PROBE_SEED)
+        hidden = torch.randn(2, 5, width, generator=generator, dtype=torch.float64)
+        labels = torch.randint(0, vocab, (2, 5), generator=generator)
+        labels[0, :2] = -100
+        stub = _HiddenStates(hidden.to(head.weight.device, head.weight.dtype), type(base_output))
+        base = module._modules["model"]
+        module._modules["model"] = stub
+        try:
+            for extra in ({}, {"num_items_in_batch": 7}):
+                def make(dtype, device, extra=extra):
+                    ids = torch.zeros(2, 5, dtype=torch.long, device=device)
+                    return (), dict(input_ids=ids, labels=labels.to(device), use_cache=False, **extra)
+                probe.verify(module, fused_cls, probe.Inputs(make, None), select=_all_but_logits)
+        finally:
+            module._modules["model"] = base
+
+
+def _all_but_logits(output):
+    return {key: value for key, value in output.items() if key != "logits"}
+
+
+def _parameters(module):
+    try:
+        return list(inspect.signature(innermost(type(module).forward)).parameters)
+    except (TypeError, ValueError):
+        return []

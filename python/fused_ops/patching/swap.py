@@ -1,0 +1,132 @@
+"""Instance-level swaps: a module gets a subclass of its own class whose forward is the fused one.
+
+Attributes, parameters, hooks and isinstance checks stay as they were; nothing process-wide changes. A
+fused class is named by (its base class, the kind of fusion, the options), which is also how it pickles:
+`torch.save`, `copy.deepcopy` and `pickle` store that triple and rebuild the same class on load.
+"""
+import sys
+import types
+import itertools
+from typing import Callable, Dict, Tuple
+
+import torch
+
+# kind -> function(base_class, options: dict) -> forward
+_FORWARD_BUILDERS: Dict[str, Callable] = {}
+_CLASSES: Dict[Tuple, type] = {}
+
+
+def forward_builder(kind: str):
+    """Registers the function that makes a fused forward of `kind` for a base class and options."""
+    def register(build):
+        _FORWARD_BUILDERS[kind] = build
+        return build
+    return register
+
+
+def fused_class(base: type, kind: str, options: tuple) -> type:
+    """The one subclass of `base` whose forward is `kind`'s with `options` (a tuple of (name, value) pairs)."""
+    key = (base, kind, options)
+    if key not in _CLASSES:
+        forward = _FORWARD_BUILDERS[kind](base, dict(options))
+        _CLASSES[key] = type(f"Fused{base.__name__}", (base,), {
+            "forward": forward, "_fused_ops_kind": kind, "_fused_ops_options": options,
+            "__reduce_ex__": _reduce_fused, "__module__": base.__module__})
+    return _CLASSES[key]
+
+
+def fused_kind(module) -> str:
+    """The kind of fusion `module` has, or None."""
+    return getattr(type(module), "_fused_ops_kind", None)
+
+
+def stock_class(module) -> type:
+    """The class `module` had before any swap."""
+    cls = type(module)
+    while "_fused_ops_kind" in cls.__dict__:
+        cls = cls.__bases__[0]
+    return cls
+
+
+def swap(module, kind: str, options: tuple) -> None:
+    module.__class__ = fused_class(type(module), kind, options)
+
+
+def _reduce_fused(self, protocol):
+    cls = type(self)
+    if "_fused_ops_kind" not in cls.__dict__:  # another library's subclass on top (FSDP): its own rules
+        return object.__reduce_ex__(self, protocol)
+    return _restore_fused, (cls.__bases__[0], cls._fused_ops_kind, cls._fused_ops_options), self.__getstate__()
+
+
+def _restore_fused(base, kind, options):
+    cls = fused_class(base, kind, options)
+    return cls.__new__(cls)
+
+
+_rebound_modules = itertools.count()
+
+
+def _module_globals_with(namespace, name, value):
+    """A copy of a module's globals with `name` bound to `value`, as the namespace of a module registered
+    in sys.modules under a name of its own: torch.compile guards a function's globals through the
+    module that its `__name__` imports, so that module must be the copy, not the original."""
+    module = types.ModuleType(f"_fused_ops_rebound_{next(_rebound_modules)}")
+    own_name = module.__name__
+    module.__dict__.update(namespace)
+    module.__dict__.update({"__name__": own_name, "__spec__": None, name: value})
+    sys.modules[own_name] = module
+    return module.__dict__
+
+
+def innermost(function):
+    while hasattr(function, "__wrapped__"):
+        function = function.__wrapped__
+    return function
+
+
+def with_global(function, name, value):
+    """A copy of `function`, and of each decorator's wrapper around it, whose global `name` is `value`
+    (None where a wrapper does not hold the function it wraps in its closure)."""
+    inner = getattr(function, "__wrapped__", None)
+    if inner is None:
+        if not hasattr(function, "__code__"):
+            return None
+        copied = types.FunctionType(function.__code__, _module_globals_with(function.__globals__, name, value),
+                                    function.__name__, function.__defaults__, function.__closure__)
+    else:
+        copied_inner = with_global(inner, name, value)
+        cells = function.__closure__ or ()
+
+        def holds_inner(cell):
+            try:
+                return cell.cell_contents is inner
+            except ValueError:  # an empty cell
+                return False
+        if copied_inner is None or not any(holds_inner(cell) for cell in cells):
+            return None
+        closure = tuple(types.CellType(copied_inner) if holds_inner(cell) else cell for cell in cells)
+        copied = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                    closure)
+    copied.__kwdefaults__ = function.__kwdefaults__
+    copied.__dict__.update(function.__dict__)
+    if inner is not None:
+        copied.__wrapped__ = copied_inner
+    return copied
+
+
+def is_plain_linear(module) -> bool:
+    """An nn.Linear with no hooks: its product may be taken from its weight without calling it."""
+    return (type(module) is torch.nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
+            and not torch.nn.modules.module._global_forward_hooks
+            and not torch.nn.modules.module._global_forward_pre_hooks)
+
+
+def as_autocast_runs_linear(x, weight, bias):
+    """x, weight and bias in the dtype autocast gives nn.Linear's product on x's device (unchanged outside
+    autocast): the fused ops that hold a product take their operands in one dtype."""
+    device = x.device.type
+    if not torch.is_autocast_enabled(device):
+        return x, weight, bias
+    dtype = torch.get_autocast_dtype(device)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)

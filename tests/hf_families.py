@@ -1,0 +1,88 @@
+"""Tiny random-init Hugging Face causal LMs of every family transformers ships, for the fuse() tests.
+
+Every model type of transformers' causal-LM mapping is built from its default config shrunk to a few
+dozen units wide and two layers deep; nothing is downloaded. A family whose tiny model cannot be built
+or cannot run a forward with labels is not a model fuse() can be tested on, and says why.
+"""
+import functools
+import warnings
+
+import torch
+
+TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            vocab_size=128, max_position_embeddings=64, head_dim=16, moe_intermediate_size=32,
+            num_local_experts=4, num_experts=4, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
+            sliding_window=16,
+            # the same sizes under other families' names
+            n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, d_model=64, num_layers=2, ffn_dim=96,
+            encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+            encoder_ffn_dim=96, decoder_ffn_dim=96, num_heads=4, d_ff=96, d_kv=16)
+MAX_PARAMETERS = 4_000_000
+# Families whose default config needs more than TINY to build small.
+OVERRIDES = {
+}
+
+
+def causal_lm_model_types():
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    del transformers
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def tiny_config(model_type):
+    from transformers import AutoConfig
+    config = AutoConfig.for_model(model_type)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    for target in {id(config): config, id(text_config): text_config}.values():
+        for name, value in {**TINY, **OVERRIDES.get(model_type, {})}.items():
+            if hasattr(target, name):
+                try:
+                    setattr(target, name, value)
+                except Exception:  # a read-only property of that family's config
+                    pass
+        vocab = getattr(target, "vocab_size", None)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(target, name, None)
+            if isinstance(vocab, int) and isinstance(value, int) and value >= vocab:
+                setattr(target, name, vocab - 1)
+    return config
+
+
+def build(model_type, seed=0):
+    """A tiny float32 model of `model_type` on the CPU, in train mode, its norm weights drawn away from
+    ones (a weight that is not applied would hide behind ones)."""
+    from transformers import AutoModelForCausalLM
+    config = tiny_config(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.device("meta"):  # sub-configs this does not shrink can leave a model far from tiny
+            size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        if size > MAX_PARAMETERS:
+            raise ValueError(f"its tiny config still has {size} parameters")
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(seed)
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 1:
+                parameter.copy_(torch.rand(parameter.shape, generator=generator) * 0.5 + 0.25)
+    return model.train()
+
+
+@functools.lru_cache(maxsize=None)
+def why_not_testable(model_type):
+    """None where a tiny model of the family builds and runs a training forward with labels; else why."""
+    try:
+        model = build(model_type)
+        ids = batch(model)
+        model(input_ids=ids, labels=ids).loss.backward()
+    except Exception as error:
+        return f"{type(error).__name__}: {str(error)[:200]}"
+    return None
+
+
+def batch(model, seed=1):
+    vocab = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (2, 10), generator=generator)

@@ -1,0 +1,99 @@
+"""fuse() on every causal-LM family transformers ships that builds from a tiny config, fused or not:
+the stock loss and every gradient in training, the stock logits in eval mode, the same parameters,
+and a model that pickles. The test of "never wrong" is the families nobody wrote a rule for."""
+import copy
+import io
+import warnings
+
+import pytest
+import torch
+
+import fused_ops
+from fused_ops.patching.families import EXPECTED_FUSIONS
+
+transformers = pytest.importorskip("transformers")
+import hf_families  # noqa: E402
+
+MODEL_TYPES = hf_families.causal_lm_model_types()
+
+
+def stock_and_fused(model_type):
+    reason = hf_families.why_not_testable(model_type)
+    if reason is not None:
+        pytest.skip(f"a tiny {model_type} does not build or run: {reason}")
+    stock = hf_families.build(model_type)
+    fused = copy.deepcopy(stock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused_ops.fuse(fused)
+    return stock, fused
+
+
+def training_step(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(5)  # the same dropout masks in both models
+    output = model(input_ids=ids, labels=labels)
+    output.loss.backward()
+    return output.loss.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_close_relative(got, want, rtol, what):
+    assert got is not None and want is not None, what
+    scale = want.abs().max().item() if want.numel() else 0.0
+    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * scale + 1e-7, msg=what)
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_fused_family_computes_what_the_stock_model_does(model_type):
+    stock, fused = stock_and_fused(model_type)
+    report = fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    want_loss, want_grads = training_step(stock, ids, labels)
+    got_loss, got_grads = training_step(fused, ids, labels)
+    assert_close_relative(got_loss, want_loss, 1e-4, f"{model_type} loss\n{report}")
+    assert set(got_grads) == set(want_grads)
+    for name, want in want_grads.items():
+        if want is None:
+            assert got_grads[name] is None, name
+        else:
+            assert_close_relative(got_grads[name], want, 1e-3, f"{model_type} gradient of {name}\n{report}")
+    stock.eval(), fused.eval()
+    with torch.no_grad():
+        want, got = stock(input_ids=ids, labels=labels), fused(input_ids=ids, labels=labels)
+    assert got.logits is not None, "eval mode returns the logits with the loss"
+    assert_close_relative(got.logits, want.logits, 1e-4, f"{model_type} eval logits\n{report}")
+    assert_close_relative(got.loss, want.loss, 1e-4, f"{model_type} eval loss")
+    expected = EXPECTED_FUSIONS.get(model_type, set())
+    assert expected <= set(report.counts()), f"{model_type}: expected {sorted(expected)}\n{report}"
+
+
+@pytest.mark.parametrize("model_type", MODEL_TYPES)
+def test_fuse_keeps_parameters_and_pickles(model_type):
+    stock, fused = stock_and_fused(model_type)
+    model = hf_families.build(model_type)
+    before = [(name, p) for name, p in model.named_parameters()]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused_ops.fuse(model)
+    after = [(name, p) for name, p in model.named_parameters()]
+    assert [name for name, _ in after] == [name for name, _ in before]
+    assert all(a is b for (_, a), (_, b) in zip(after, before)), "the same Parameter objects"
+    assert list(model.state_dict()) == list(stock.state_dict())
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert [type(m) for m in loaded.modules()] == [type(m) for m in fused.modules()]
+    copied = copy.deepcopy(fused)
+    ids = hf_families.batch(stock)
+    for other in (loaded, copied):
+        other.eval(), fused.eval()
+        with torch.no_grad():
+            assert torch.equal(other(input_ids=ids).logits, fused(input_ids=ids).logits)
+
+
+def test_enough_families_are_tested():
+    testable = [t for t in MODEL_TYPES if hf_families.why_not_testable(t) is None]
+    assert len(testable) >= 40, f"only {len(testable)} families build from a tiny config"
