@@ -26,7 +26,7 @@ missing=$("$PY" - <<'PYEOF'
 import importlib.util, shutil
 wanted = {"pytest": "pytest", "hypothesis": "hypothesis", "numpy": "numpy",
           "matplotlib": "matplotlib", "scikit_build_core": "scikit-build-core",
-          "transformers": "transformers==5.17.0"}
+          "transformers": "transformers==5.17.0", "peft": "peft"}
 missing = [pip for module, pip in wanted.items() if importlib.util.find_spec(module) is None]
 if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
     missing.append("ninja")

@@ -16,8 +16,11 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             # the same sizes under other families' names
             n_embd=64, n_layer=2, n_head=4, n_inner=96, n_positions=64, d_model=64, num_layers=2, ffn_dim=96,
             encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
-            encoder_ffn_dim=96, decoder_ffn_dim=96, num_heads=4, d_ff=96, d_kv=16)
-MAX_PARAMETERS = 4_000_000
+            encoder_ffn_dim=96, decoder_ffn_dim=96, num_heads=4, d_ff=96, d_kv=16,
+            # state-space layers of hybrid families
+            mamba_d_state=16, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, mamba_d_ssm=64,
+            mamba_n_groups=1, chunk_size=16, state_size=16, ssm_state_size=16, n_groups=1, time_step_rank=8)
+MAX_PARAMETERS = 8_000_000
 # Families whose default config needs more than TINY to build small.
 OVERRIDES = {
 }

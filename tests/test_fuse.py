@@ -320,3 +320,23 @@ def test_gpt2_and_bert_bias_gelu(device):
 def test_import_does_not_import_transformers():
     code = "import sys, fused_ops; assert 'transformers' not in sys.modules, 'imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_gradient_checkpointing_and_compile_before_fuse():
+    """Gradient checkpointing on the fused model, and fuse() given a model torch.compile wrapped first:
+    the stock loss and gradients."""
+    stock, _ = stock_and_fused("llama", "cpu")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12))
+    want = stock(input_ids=ids, labels=ids).loss
+    want.backward()
+    checkpointed = copy.deepcopy(stock)
+    checkpointed.gradient_checkpointing_enable()
+    compiled = torch.compile(copy.deepcopy(stock), backend="aot_eager")
+    for model in (fused_ops.fuse(checkpointed), fused_ops.fuse(compiled)):
+        model.zero_grad(set_to_none=True)
+        got = model(input_ids=ids, labels=ids).loss
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got.backward()
+        assert_gradients_match_stock(getattr(model, "_orig_mod", model), stock)
+    assert compiled.fused_ops_report.counts()["gated_mlp"] == 2
+    torch._dynamo.reset()

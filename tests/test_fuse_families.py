@@ -14,6 +14,15 @@ from fused_ops.patching.families import EXPECTED_FUSIONS
 transformers = pytest.importorskip("transformers")
 import hf_families  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models: one thread each op (more only add their start-up, and stall on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 MODEL_TYPES = hf_families.causal_lm_model_types()
 
 

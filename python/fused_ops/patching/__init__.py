@@ -89,6 +89,23 @@ def _prove(rule, module, context):
     raise LeftAlone("not proven: " + "; ".join(reasons))
 
 
+def _configuration(module):
+    """What makes two modules the same function: their classes, parameter and buffer shapes and dtypes,
+    and plain attributes, for the module and every submodule; only `layer_idx`, which indexes the
+    cache, may differ."""
+    def plain(value):
+        return value is None or isinstance(value, (bool, int, float, str)) or (
+            isinstance(value, (tuple, list)) and all(plain(v) for v in value))
+    described = []
+    for name, sub in module.named_modules():
+        attributes = tuple(sorted((key, repr(value)) for key, value in vars(sub).items()
+                                  if not key.startswith("_") and key != "layer_idx" and plain(value)))
+        tensors = tuple((key, tuple(t.shape), t.dtype, t.device.type) for key, t in
+                        list(sub._parameters.items()) + list(sub._buffers.items()) if t is not None)
+        described.append((name, type(sub), attributes, tensors))
+    return tuple(described)
+
+
 def _describe(options):
     return ", ".join(f"{name}={getattr(value, '__name__', value)}" for name, value in options) or "as is"
 
@@ -120,22 +137,13 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     captured = {module for rule in rules if rule.needs_capture for _, module in candidates[rule.kind]}
     captured |= {module.model for rule in rules if rule.kind == "lm_head_loss" for _, module in candidates[rule.kind]
                  if isinstance(getattr(module, "model", None), torch.nn.Module)}
-    context = _Context(model, captured)
-    config = getattr(getattr(model, "_orig_mod", model), "config", None)
-    report = FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
     try:
-        for rule in rules:
-            for path, module in candidates[rule.kind]:
-                if fused_kind(module):
-                    continue
-                try:
-                    options = _prove(rule, module, context)
-                except LeftAlone as reason:
-                    report.entries.append(Entry(path, type(module).__name__, rule.kind, False, str(reason)))
-                    continue
-                report.entries.append(Entry(path, type(module).__name__, rule.kind, True, _describe(options)))
-                swap(module, rule.kind, options)
+        context = _Context(model, captured)
+        report = _fuse_proven(model, rules, candidates, context)
     finally:
+        torch.set_num_threads(threads)
         probe.forget_random_parameters()
     model.fused_ops_report = report
     _log(report)
@@ -144,6 +152,29 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     if not report.swapped:
         warnings.warn(f"fused_ops.fuse: nothing to fuse in {type(model).__name__}; returned unchanged", stacklevel=2)
     return model
+
+
+def _fuse_proven(model, rules, candidates, context):
+    config = getattr(getattr(model, "_orig_mod", model), "config", None)
+    report = FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
+    verdicts = {}  # identical modules (_configuration) share one proof: layers of a model are proven once
+    for rule in rules:
+        for path, module in candidates[rule.kind]:
+            if fused_kind(module):
+                continue
+            key = (rule.kind, _configuration(module))
+            if key not in verdicts:
+                try:
+                    verdicts[key] = _prove(rule, module, context)
+                except LeftAlone as reason:
+                    verdicts[key] = reason
+            options = verdicts[key]
+            if isinstance(options, LeftAlone):
+                report.entries.append(Entry(path, type(module).__name__, rule.kind, False, str(options)))
+                continue
+            report.entries.append(Entry(path, type(module).__name__, rule.kind, True, _describe(options)))
+            swap(module, rule.kind, options)
+    return report
 
 
 def _log(report):

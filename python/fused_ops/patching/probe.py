@@ -18,7 +18,7 @@ from . import swap as swapping
 PROBE_SEED = 20261204
 _PROBE_RTOL = 2e-5
 # Float64 parameters above this many elements would cost more host memory than a probe is worth.
-_FLOAT64_ELEMENTS = 1 << 27
+_FLOAT64_ELEMENTS = 1 << 24
 
 
 class Mismatch(Exception):
