@@ -75,11 +75,14 @@ def build(model_type, seed=0):
 
 @functools.lru_cache(maxsize=None)
 def why_not_testable(model_type):
-    """None where a tiny model of the family builds and runs a training forward with labels; else why."""
+    """None where a tiny model of the family builds and runs a training step and an eval forward with
+    labels; else why."""
     try:
         model = build(model_type)
         ids = batch(model)
         model(input_ids=ids, labels=ids).loss.backward()
+        with torch.no_grad():
+            model.eval()(input_ids=ids, labels=ids)
     except Exception as error:
         return f"{type(error).__name__}: {str(error)[:200]}"
     return None

@@ -1,5 +1,6 @@
 """One rule per pattern: how it finds candidates, the variants of the replacement it tries, and the probe
 inputs that prove one (patching/probe.py). The fused forwards live beside their rule."""
+import inspect
 from typing import Iterable, List, Optional, Tuple
 
 import torch
@@ -30,6 +31,13 @@ class Rule:
         return None
 
 
-def named_children_of_every_module(model):
-    for name, module in model.named_modules():
-        yield name, module
+def check_takes_one_input(module):
+    """Rules whose probe calls a module with one tensor prove nothing about calls with more arguments
+    (Zamba2's gated RMSNorm takes `gate` too): such modules are left alone."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        raise LeftAlone("its forward's signature cannot be read") from None
+    if len(parameters) != 1 or parameters[0].kind not in (parameters[0].POSITIONAL_ONLY,
+                                                         parameters[0].POSITIONAL_OR_KEYWORD):
+        raise LeftAlone(f"its forward takes more than one input: {[p.name for p in parameters]}")

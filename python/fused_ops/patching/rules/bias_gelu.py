@@ -4,7 +4,7 @@ import torch
 from ... import _ops
 from .. import probe
 from ..swap import forward_builder, is_plain_linear
-from . import LeftAlone, Rule
+from . import LeftAlone, Rule, check_takes_one_input
 
 
 def _bias_as_autocast_adds_it(hidden, bias):
@@ -53,6 +53,7 @@ class BiasGELURule(Rule):
                 yield name, module
 
     def variants(self, module, context):
+        check_takes_one_input(module)
         layout = "gpt2_mlp" if "c_fc" in module._modules else "intermediate"
         projection = module.c_fc if layout == "gpt2_mlp" else module.dense
         if layout == "gpt2_mlp" and not _is_plain_conv1d(projection):

@@ -9,7 +9,7 @@ import torch
 from ... import _ops
 from .. import probe
 from ..swap import as_autocast_runs_linear, forward_builder, is_plain_linear
-from . import LeftAlone, Rule
+from . import LeftAlone, Rule, check_takes_one_input
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 
@@ -53,6 +53,7 @@ class GatedMLPRule(Rule):
                 yield name, module
 
     def variants(self, module, context):
+        check_takes_one_input(module)
         stored = "gate_up_proj" if "gate_up_proj" in module._modules else "gate_proj"
         return [(("activation", activation), ("stored", stored)) for activation in ACTIVATIONS]
 

@@ -4,7 +4,7 @@ import torch
 from ... import _ops
 from .. import probe
 from ..swap import forward_builder
-from . import LeftAlone, Rule
+from . import LeftAlone, Rule, check_takes_one_input
 
 _EPSILON_NAMES = ("eps", "variance_epsilon", "epsilon")
 
@@ -45,6 +45,7 @@ class NormRule(Rule):
                 yield name, module
 
     def variants(self, module, context):
+        check_takes_one_input(module)
         eps = _epsilon(module)
         if eps is None:
             raise LeftAlone("no epsilon attribute (eps, variance_epsilon, epsilon) with a number")
