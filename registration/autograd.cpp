@@ -3,6 +3,7 @@
 // trace them and gradients work in a C++ process too.
 #include <numeric>
 
+#include "../ops/activations/gated_mul_linear.h"
 #include "../ops/activations/silu_mul_linear.h"
 #include "../ops/norms/norm.h"
 #include "checks.h"
@@ -31,6 +32,15 @@ const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, GradientMask)> silu_
     "fused::silu_mul_linear_backward"};
 const FusedOp<at::Tensor(TensorRef, StringOption)> gelu_mul_op{"fused::gelu_mul"};
 const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> gelu_mul_backward_op{"fused::gelu_mul_backward"};
+const FusedOp<at::Tensor(TensorRef, TensorRef, StringOption)> gated_mul_op{"fused::gated_mul"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, StringOption)> gated_mul_backward_op{
+    "fused::gated_mul_backward"};
+using FourTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using GatedLinearMask = std::array<bool, 4>;
+const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, const OptionalTensor&, StringOption)> gated_mul_linear_op{
+    "fused::gated_mul_linear"};
+const FusedOp<FourTensors(TensorRef, TensorRef, TensorRef, TensorRef, StringOption, GatedLinearMask)>
+    gated_mul_linear_backward_op{"fused::gated_mul_linear_backward"};
 const FusedOp<at::Tensor(TensorRef, TensorRef, double)> rms_norm_op{"fused::rms_norm"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double)> add_rms_norm_op{"fused::add_rms_norm"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> rms_norm_backward_op{
@@ -191,6 +201,49 @@ class SiluMulLinearFunction : public torch::autograd::Function<SiluMulLinearFunc
   }
 };
 
+// gated_mul: the gradients of gate and up from the backward op.
+class GatedMulFunction : public torch::autograd::Function<GatedMulFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            c10::string_view activation) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({gate, up});
+    ctx->saved_data["activation"] = std::string(activation);
+    return gated_mul_op(gate, up, activation);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_gate, grad_up] =
+        gated_mul_backward_op(grad_outputs[0], saved[0], saved[1], ctx->saved_data["activation"].toStringRef());
+    return {ctx->needs_input_grad(0) ? grad_gate : at::Tensor(), ctx->needs_input_grad(1) ? grad_up : at::Tensor(),
+            at::Tensor()};
+  }
+};
+
+// gated_mul_linear saves gate, up and the weight, not the activation: the backward op recomputes it.
+class GatedMulLinearFunction : public torch::autograd::Function<GatedMulLinearFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up,
+                            const at::Tensor& weight, const OptionalTensor& bias, c10::string_view activation) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    ctx->save_for_backward({gate, up, weight});
+    ctx->saved_data["bias_needs_grad"] = requires_grad(bias);  // an absent bias has no input slot to ask
+    ctx->saved_data["activation"] = std::string(activation);
+    return gated_mul_linear_op(gate, up, weight, bias, activation);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const auto saved = ctx->get_saved_variables();
+    const GatedLinearMask mask = {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2),
+                                  ctx->saved_data["bias_needs_grad"].toBool()};
+    auto [grad_gate, grad_up, grad_weight, grad_bias] = gated_mul_linear_backward_op(
+        grad_outputs[0], saved[0], saved[1], saved[2], ctx->saved_data["activation"].toStringRef(), mask);
+    return {mask[0] ? grad_gate : at::Tensor(), mask[1] ? grad_up : at::Tensor(),
+            mask[2] ? grad_weight : at::Tensor(), mask[3] ? grad_bias : at::Tensor(), at::Tensor()};
+  }
+};
+
 // Backward ops of the activations. Recording a graph through them (double backward) runs the same
 // math as differentiable aten ops (gelu_backward has a derivative of its own);
 // otherwise the fused kernel runs below autograd.
@@ -232,6 +285,27 @@ at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
                     grad * at::gelu(halves[0], approximate)}, -1);
   }
   return gelu_mul_backward_op.below_autograd(grad, x, approximate);
+}
+
+TwoTensors gated_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                                       c10::string_view activation) {
+  if (records_gradient(grad, gate, up)) {
+    check_gated_mul_backward_arguments(grad, gate, up);
+    return gated_mul_backward_composite(grad, gate, up, parse_gated_activation("gated_mul_backward", activation));
+  }
+  return gated_mul_backward_op.below_autograd(grad, gate, up, activation);
+}
+
+// Recording a graph (double backward): the same composition above autograd, of differentiable ops.
+FourTensors gated_mul_linear_backward_autograd(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                                               const at::Tensor& weight, c10::string_view activation,
+                                               GatedLinearMask output_mask) {
+  if (records_gradient(grad, gate, up, weight)) {
+    check_gated_mul_linear_backward_arguments(grad, gate, up, weight);
+    parse_gated_activation("gated_mul_linear_backward", activation);
+    return gated_mul_linear_backward(grad, gate, up, weight, activation, output_mask);
+  }
+  return gated_mul_linear_backward_op.below_autograd(grad, gate, up, weight, activation, output_mask);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -521,6 +595,10 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_autograd);
   m.impl("gelu_mul", &AutogradKernel<GeluMulFunction, gelu_mul_op>::call);
   m.impl("gelu_mul_backward", &gelu_mul_backward_autograd);
+  m.impl("gated_mul", &AutogradKernel<GatedMulFunction, gated_mul_op>::call);
+  m.impl("gated_mul_backward", &gated_mul_backward_autograd);
+  m.impl("gated_mul_linear", &AutogradKernel<GatedMulLinearFunction, gated_mul_linear_op>::call);
+  m.impl("gated_mul_linear_backward", &gated_mul_linear_backward_autograd);
   m.impl("rms_norm", &AutogradKernel<RmsNormFunction, rms_norm_op>::call);
   m.impl("add_rms_norm", &AutogradKernel<AddRmsNormFunction, add_rms_norm_op>::call);
   m.impl("rms_norm_backward", &rms_norm_backward_autograd);

@@ -156,6 +156,53 @@ void check_silu_mul_linear_backward_arguments(const at::Tensor& grad, const at::
               c10::SymIntArrayRef(expected), " (x's leading dims, weight.size(0)), but got ", grad.sym_sizes());
 }
 
+GatedActivation parse_gated_activation(const char* op, c10::string_view activation) {
+  if (activation == "silu") return GatedActivation::Silu;
+  if (activation == "gelu") return GatedActivation::Gelu;
+  TORCH_CHECK(activation == "gelu_tanh", "fused::", op,
+              ": expected activation to be 'silu', 'gelu' or 'gelu_tanh', but got '", std::string(activation), "'");
+  return GatedActivation::GeluTanh;
+}
+
+void check_gated_mul_arguments(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating(op, "gate", gate);
+  check_same_dtype(op, "up", up, "gate", gate);
+  check_same_device(op, "up", up, "gate", gate);
+  check_same_shape(op, "up", up, "gate", gate);
+}
+
+void check_gated_mul_backward_arguments(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up) {
+  constexpr const char* op = "gated_mul_backward";
+  check_gated_mul_arguments(op, gate, up);
+  check_same_dtype(op, "grad", grad, "gate", gate);
+  check_same_device(op, "grad", grad, "gate", gate);
+  check_same_shape(op, "grad", grad, "gate", gate);
+}
+
+void check_gated_mul_linear_arguments(const char* op, const at::Tensor& gate, const at::Tensor& up,
+                                      const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  check_gated_mul_arguments(op, gate, up);
+  TORCH_CHECK(gate.dim() >= 1, "fused::", op, ": expected gate of shape [..., d], but got a 0-d tensor");
+  check_same_dtype(op, "weight", weight, "gate", gate);
+  check_same_device(op, "weight", weight, "gate", gate);
+  TORCH_CHECK(weight.dim() == 2 && weight.sym_size(1) == gate.sym_size(-1), "fused::", op,
+              ": expected weight of shape [n, gate.size(-1) = ", gate.sym_size(-1), "] (as nn.Linear stores it), "
+              "but got shape ", weight.sym_sizes());
+  check_linear_bias(op, bias, weight, "weight.size(0)", "gate", gate);
+}
+
+void check_gated_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                                               const at::Tensor& weight) {
+  constexpr const char* op = "gated_mul_linear_backward";
+  check_gated_mul_linear_arguments(op, gate, up, weight, std::nullopt);
+  check_same_dtype(op, "grad", grad, "gate", gate);
+  check_same_device(op, "grad", grad, "gate", gate);
+  std::vector<c10::SymInt> expected = gate.sym_sizes().vec();
+  expected.back() = weight.sym_size(0);
+  TORCH_CHECK(grad.sym_sizes() == c10::SymIntArrayRef(expected), "fused::", op, ": expected grad of shape ",
+              c10::SymIntArrayRef(expected), " (gate's leading dims, weight.size(0)), but got ", grad.sym_sizes());
+}
+
 namespace {
 
 void check_norm_parameter(const char* op, const char* arg, const at::Tensor& parameter, const at::Tensor& x) {

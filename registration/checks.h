@@ -5,6 +5,7 @@
 
 #include <optional>
 
+#include "../ops/activations/gated_mul.h"
 #include "../ops/activations/math.h"
 #include "../ops/cross_entropy/linear_cross_entropy.h"
 
@@ -39,6 +40,18 @@ void check_gated_backward_arguments(const char* op, const at::Tensor& grad, cons
 void check_silu_mul_linear_arguments(const char* op, const at::Tensor& x, const at::Tensor& weight,
                                      const std::optional<at::Tensor>& bias);
 void check_silu_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight);
+
+// 'silu', 'gelu' or 'gelu_tanh'.
+GatedActivation parse_gated_activation(const char* op, c10::string_view activation);
+// gate floating; up of gate's shape, dtype and device.
+void check_gated_mul_arguments(const char* op, const at::Tensor& gate, const at::Tensor& up);
+// grad of gate's shape, dtype and device, then the forward's checks.
+void check_gated_mul_backward_arguments(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up);
+// gate and up [..., d] (at least 1-D), weight [n, d], bias [n] or absent, of gate's dtype and device.
+void check_gated_mul_linear_arguments(const char* op, const at::Tensor& gate, const at::Tensor& up,
+                                      const at::Tensor& weight, const std::optional<at::Tensor>& bias);
+void check_gated_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
+                                               const at::Tensor& weight);
 
 // Norms: x [..., H] (at least 1-D); residual like x; weight and bias 1-D of size H with x's dtype,
 // or float32 for 16-bit x; eps >= 0.

@@ -9,4 +9,6 @@ using namespace fused_ops;
 TORCH_LIBRARY_IMPL(fused, CompositeExplicitAutograd, m) {
   m.impl("silu_mul_linear", &silu_mul_linear_entry);
   m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_entry);
+  m.impl("gated_mul_linear", &gated_mul_linear_entry);
+  m.impl("gated_mul_linear_backward", &gated_mul_linear_backward_entry);
 }

@@ -1,6 +1,7 @@
 #include <torch/library.h>
 
 #include "../ops/activations/bias_gelu.h"
+#include "../ops/activations/gated_mul.h"
 #include "../ops/activations/gelu_mul.h"
 #include "../ops/activations/silu_mul.h"
 #include "../ops/cross_entropy/linear_cross_entropy.h"
@@ -22,6 +23,8 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("silu_mul_backward", &silu_mul_backward_entry<silu_mul_backward_cuda>);
   m.impl("gelu_mul", &gelu_mul_entry<gelu_mul_cuda>);
   m.impl("gelu_mul_backward", &gelu_mul_backward_entry<gelu_mul_backward_cuda>);
+  m.impl("gated_mul", &gated_mul_entry<gated_mul_cuda>);
+  m.impl("gated_mul_backward", &gated_mul_backward_entry<gated_mul_backward_cuda>);
   m.impl("rms_norm", &rms_norm_entry<rms_norm_cuda>);
   m.impl("add_rms_norm", &add_rms_norm_entry<add_rms_norm_cuda>);
   m.impl("rms_norm_backward", &rms_norm_backward_entry<rms_norm_backward_cuda>);

@@ -4,6 +4,7 @@
 // backend's kernel. Each dispatch key's file instantiates these with its kernels.
 #include <ATen/ATen.h>
 
+#include "../ops/activations/gated_mul_linear.h"
 #include "../ops/activations/silu_mul_linear.h"
 #include "checks.h"
 
@@ -68,6 +69,19 @@ template <auto kernel>
 at::Tensor gelu_mul_backward_entry(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
   check_gated_backward_arguments("gelu_mul_backward", grad, x);
   return kernel(grad, x, parse_gelu_approximation("gelu_mul_backward", approximate));
+}
+
+template <auto kernel>
+at::Tensor gated_mul_entry(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
+  check_gated_mul_arguments("gated_mul", gate, up);
+  return kernel(gate, up, parse_gated_activation("gated_mul", activation));
+}
+
+template <auto kernel>
+std::tuple<at::Tensor, at::Tensor> gated_mul_backward_entry(const at::Tensor& grad, const at::Tensor& gate,
+                                                            const at::Tensor& up, c10::string_view activation) {
+  check_gated_mul_backward_arguments(grad, gate, up);
+  return kernel(grad, gate, up, parse_gated_activation("gated_mul_backward", activation));
 }
 
 template <auto kernel>
@@ -176,6 +190,22 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> silu_mul_linear_backward_e
                                                                                      std::array<bool, 3> output_mask) {
   check_silu_mul_linear_backward_arguments(grad, x, weight);
   return silu_mul_linear_backward(grad, x, weight, output_mask);
+}
+
+// gated_mul_linear likewise; the activation is parsed here so that every backend rejects a bad one alike.
+inline at::Tensor gated_mul_linear_entry(const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+                                         const std::optional<at::Tensor>& bias, c10::string_view activation) {
+  check_gated_mul_linear_arguments("gated_mul_linear", gate, up, weight, bias);
+  parse_gated_activation("gated_mul_linear", activation);
+  return gated_mul_linear(gate, up, weight, bias, activation);
+}
+
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> gated_mul_linear_backward_entry(
+    const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up, const at::Tensor& weight,
+    c10::string_view activation, std::array<bool, 4> output_mask) {
+  check_gated_mul_linear_backward_arguments(grad, gate, up, weight);
+  parse_gated_activation("gated_mul_linear_backward", activation);
+  return gated_mul_linear_backward(grad, gate, up, weight, activation, output_mask);
 }
 
 }  // namespace fused_ops

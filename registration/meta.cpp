@@ -36,6 +36,11 @@ at::Tensor gelu_mul_meta(const at::Tensor& x, GeluApproximation) { return gated_
 at::Tensor gelu_mul_backward_meta(const at::Tensor& grad, const at::Tensor& x, GeluApproximation) {
   return like_contiguous(x);
 }
+at::Tensor gated_mul_meta(const at::Tensor& gate, const at::Tensor&, GatedActivation) { return like_contiguous(gate); }
+std::tuple<at::Tensor, at::Tensor> gated_mul_backward_meta(const at::Tensor&, const at::Tensor& gate,
+                                                           const at::Tensor& up, GatedActivation) {
+  return {like_contiguous(gate), like_contiguous(up)};
+}
 
 at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
@@ -115,6 +120,8 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("silu_mul_backward", &silu_mul_backward_entry<gated_backward_meta>);
   m.impl("gelu_mul", &gelu_mul_entry<gelu_mul_meta>);
   m.impl("gelu_mul_backward", &gelu_mul_backward_entry<gelu_mul_backward_meta>);
+  m.impl("gated_mul", &gated_mul_entry<gated_mul_meta>);
+  m.impl("gated_mul_backward", &gated_mul_backward_entry<gated_mul_backward_meta>);
   m.impl("rms_norm", &rms_norm_entry<rms_norm_meta>);
   m.impl("add_rms_norm", &add_rms_norm_entry<add_rms_norm_meta>);
   m.impl("rms_norm_backward", &rms_norm_backward_entry<rms_norm_backward_meta>);

@@ -33,6 +33,22 @@ TORCH_LIBRARY(fused, m) {
   m.def("gelu_mul(Tensor x, str approximate='none') -> Tensor", tags);
   // The gradient of gelu_mul w.r.t. x, shaped like x.
   m.def("gelu_mul_backward(Tensor grad, Tensor x, str approximate='none') -> Tensor", tags);
+  // act(gate) * up for gate and up of one shape [..., d], any strides; activation 'silu', 'gelu' (erf)
+  // or 'gelu_tanh' (a gated MLP whose gate and up projections are two tensors).
+  m.def("gated_mul(Tensor gate, Tensor up, str activation='silu') -> Tensor", tags);
+  // The gradients of gated_mul w.r.t. gate and up, shaped like them.
+  m.def("gated_mul_backward(Tensor grad, Tensor gate, Tensor up, str activation='silu') -> "
+        "(Tensor grad_gate, Tensor grad_up)",
+        tags);
+  // F.linear(gated_mul(gate, up, activation), weight, bias) for gate and up [..., d], weight [n, d], bias
+  // [n]: a gated MLP's down projection whose autograd node saves gate and up, not the activation.
+  m.def("gated_mul_linear(Tensor gate, Tensor up, Tensor weight, Tensor? bias=None, str activation='silu') "
+        "-> Tensor",
+        tags);
+  // The gradients of gated_mul_linear where output_mask says (gate, up, weight, bias); the others are empty.
+  m.def("gated_mul_linear_backward(Tensor grad, Tensor gate, Tensor up, Tensor weight, str activation, "
+        "bool[4] output_mask) -> (Tensor grad_gate, Tensor grad_up, Tensor grad_weight, Tensor grad_bias)",
+        tags);
   // Norms over the last dim, statistics in float32; weight (and bias) [H] may be float32 for 16-bit x.
   // x · rsqrt(mean(x²) + eps) · weight.
   m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor", tags);

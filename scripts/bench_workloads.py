@@ -57,7 +57,7 @@ def relu_add_fused(x, y):
 # Activation variants timed by default (the rest can be named with --ops).
 DEFAULT_ACTIVATIONS = ["bias_gelu_tanh", "bias_gelu_none", "silu_mul", "gelu_mul_tanh"]
 NORMS = ["rms_norm", "add_rms_norm", "add_layer_norm", "layer_norm"]
-DEFAULT_OPS = ["relu_add", *DEFAULT_ACTIVATIONS, *NORMS, "rotary_embedding", "linear_cross_entropy"]
+DEFAULT_OPS = ["relu_add", *DEFAULT_ACTIVATIONS, "gated_mul", *NORMS, "rotary_embedding", "linear_cross_entropy"]
 # (rows, H): decode, 16384 x 8192, H of 4096 and 16384, and the long-row kernels.
 NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536)]
 NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
@@ -99,6 +99,8 @@ def workloads(device, dtypes, sizes, ops, headline=False):
                                                            torch.randn(hidden, device=device, dtype=dtype)]
                     elements = (2 * numel + hidden, 5 * numel + 4 * hidden)
                 yield Workload(op, dtype, (rows, hidden), numel, make, fused, composite, *elements)
+    if "gated_mul" in ops:
+        yield from gated_mul_workloads(device, hidden, row_counts[-1:] if headline else row_counts)
     # The norms' targets are for bfloat16; float16 joins when asked for.
     norm_dtypes = [torch.bfloat16] + ([torch.float16] if torch.float16 in dtypes else [])
     norm_shapes = NORM_SHAPES_CUDA if device == "cuda" else NORM_SHAPES_CPU
@@ -128,6 +130,24 @@ def workloads(device, dtypes, sizes, ops, headline=False):
         yield from linear_cross_entropy_workloads(device)
 
 
+
+def silu_gated(gate, up):
+    return torch.nn.functional.silu(gate) * up
+
+
+def gated_mul_workloads(device, hidden, row_counts):
+    """gated_mul (silu) in bfloat16 on gate and up as two tensors ("separate") and as the halves of one
+    [rows, 2 * hidden] tensor ("halves"), beside silu_mul's rows: the same elements move."""
+    dtype = torch.bfloat16
+    for rows in row_counts:
+        numel = rows * hidden
+        yield Workload("gated_mul_separate", dtype, (rows, hidden), numel,
+                       lambda rows=rows: [torch.randn(rows, hidden, device=device, dtype=dtype) for _ in range(2)],
+                       fused_ops.gated_mul, silu_gated, 3 * numel, 8 * numel)
+        yield Workload("gated_mul_halves", dtype, (rows, hidden), numel,
+                       lambda rows=rows: [torch.randn(rows, 2 * hidden, device=device, dtype=dtype)],
+                       lambda x: fused_ops.gated_mul(*x.chunk(2, -1)), lambda x: silu_gated(*x.chunk(2, -1)),
+                       3 * numel, 8 * numel)
 
 
 # (B, Hq, Hk, S, D, R): Llama-3-8B, its decode step, and a partial rotation (R < D) as in Phi/NeoX.

@@ -221,8 +221,8 @@ def silu_mul_linear_on_dtensors(device):
 
 def runs_locally(spec, dim, ndim):
     """Whether the op's rule runs x sharded on `dim` with no communication: every dim for the
-    elementwise ops and bias_gelu, every dim but the last for the gated ops and the norms."""
-    if spec.name in ("relu_add", "bias_gelu"):
+    elementwise ops, bias_gelu and gated_mul, every dim but the last for the ops that split or reduce it."""
+    if spec.name in ("relu_add", "bias_gelu", "gated_mul"):
         return True
     return dim != ndim - 1
 

@@ -30,7 +30,7 @@ class OpSpec:
     # float64 inputs and options -> how much looser than the dtype's tolerance the absolute error
     # of gradients may be (ill-conditioned math, e.g. a norm of a row with a tiny RMS)
     gradient_scale: Callable = lambda inputs, **options: 1.0
-    family: str = "elementwise"  # elementwise, activations, norms, rotary, cross_entropy, down_projection
+    family: str = "elementwise"  # elementwise, activations, gated, norms, rotary, cross_entropy, down_projection
     # the eager code a user would write instead, as the bench times it (default: reference)
     composite: Optional[Callable] = None
     # the inputs that take gradients (default: all); the others must not require grad
@@ -187,6 +187,36 @@ def largest_output(inputs, **options):
     return max(1.0, largest) * max(1.0, weight.shape[1] ** 0.5)
 
 
+GATED_ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+
+def gated_mul_reference(gate, up, activation="silu"):
+    return GATED_ACTIVATIONS[activation](gate) * up
+
+
+def gated_mul_shapes(shape):
+    return [list(shape), list(shape)]
+
+
+def gated_mul_linear_shapes(shape):
+    """gate and up [..., d], weight [n, d] and bias [n] for a drawn output shape [..., n]: d = 1 + n % 24."""
+    x, weight, bias = silu_mul_linear_shapes(shape)
+    gate = x[:-1] + [x[-1] // 2]
+    return [gate, list(gate), weight, bias]
+
+
+def gated_mul_linear_reference(gate, up, weight, bias, activation="silu"):
+    return F.linear(gated_mul_reference(gate, up, activation), weight, bias)
+
+
+def largest_gated_output(inputs, activation="silu"):
+    """largest_output for gated_mul_linear's inputs."""
+    gate, up, weight, bias = inputs
+    out = gated_mul_linear_reference(gate.detach(), up.detach(), weight.detach(), bias.detach(), activation)
+    largest = out.abs().max().item() if out.numel() else 1.0
+    return max(1.0, largest) * max(1.0, weight.shape[1] ** 0.5)
+
+
 def rms_norm_reference(h, weight, eps=1e-6):
     return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -221,6 +251,13 @@ OPS = [
     OpSpec("silu_mul_linear", lambda x, w, b: torch.ops.fused.silu_mul_linear(x, w, b), silu_mul_linear_reference,
            silu_mul_linear_shapes, min_dims=1, family="down_projection", value_scale=largest_output,
            gradient_scale=largest_output),
+    OpSpec("gated_mul", lambda gate, up, activation="silu": torch.ops.fused.gated_mul(gate, up, activation),
+           gated_mul_reference, gated_mul_shapes, {"activation": ["silu", "gelu", "gelu_tanh"]}, family="gated"),
+    OpSpec("gated_mul_linear",
+           lambda gate, up, w, b, activation="silu": torch.ops.fused.gated_mul_linear(gate, up, w, b, activation),
+           gated_mul_linear_reference, gated_mul_linear_shapes, {"activation": ["silu", "gelu", "gelu_tanh"]},
+           min_dims=1, family="down_projection", value_scale=largest_gated_output,
+           gradient_scale=largest_gated_output),
     OpSpec("rms_norm", lambda x, w, eps=1e-6: torch.ops.fused.rms_norm(x, w, eps), rms_norm_reference,
            norm_shapes(False, False), {"eps": EPS_RANGE}, min_dims=1,
            gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps), family="norms",

@@ -1,6 +1,7 @@
 // CPU reference kernels of the activation family: the row loop of cpu_rows.h over each op's functor.
 #include "bias_gelu.h"
 #include "cpu_rows.h"
+#include "gated_mul.h"
 #include "gelu_mul.h"
 #include "silu_mul.h"
 
@@ -27,25 +28,51 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_cpu(const at::Tensor& grad
   });
 }
 
+void gated_mul_rows_cpu(const RowwiseProblem<2, 1>& problem, at::ScalarType dtype, GatedActivation activation) {
+  if (activation == GatedActivation::Silu) return rowwise_cpu<SiluMulForward>(problem, dtype);
+  rowwise_cpu<GeluMul<GeluApproximation>::Forward>(problem, dtype, gelu_approximation_of(activation));
+}
+
+void gated_mul_backward_rows_cpu(const RowwiseProblem<3, 2>& problem, at::ScalarType dtype,
+                                 GatedActivation activation) {
+  if (activation == GatedActivation::Silu) return rowwise_cpu<SiluMulBackward>(problem, dtype);
+  rowwise_cpu<GeluMul<GeluApproximation>::Backward>(problem, dtype, gelu_approximation_of(activation));
+}
+
 at::Tensor silu_mul_cpu(const at::Tensor& x) {
-  return gated_forward(x, [&](const auto& problem) { rowwise_cpu<SiluMulForward>(problem, x.scalar_type()); });
+  return gated_forward(x, [&](const auto& problem) {
+    gated_mul_rows_cpu(problem, x.scalar_type(), GatedActivation::Silu);
+  });
 }
 
 at::Tensor silu_mul_backward_cpu(const at::Tensor& grad, const at::Tensor& x) {
   return gated_backward(grad, x, [&](const auto& problem) {
-    rowwise_cpu<SiluMulBackward>(problem, x.scalar_type());
+    gated_mul_backward_rows_cpu(problem, x.scalar_type(), GatedActivation::Silu);
   });
 }
 
 at::Tensor gelu_mul_cpu(const at::Tensor& x, GeluApproximation approximation) {
   return gated_forward(x, [&](const auto& problem) {
-    rowwise_cpu<GeluMul<GeluApproximation>::Forward>(problem, x.scalar_type(), approximation);
+    gated_mul_rows_cpu(problem, x.scalar_type(), gated_gelu(approximation));
   });
 }
 
 at::Tensor gelu_mul_backward_cpu(const at::Tensor& grad, const at::Tensor& x, GeluApproximation approximation) {
   return gated_backward(grad, x, [&](const auto& problem) {
-    rowwise_cpu<GeluMul<GeluApproximation>::Backward>(problem, x.scalar_type(), approximation);
+    gated_mul_backward_rows_cpu(problem, x.scalar_type(), gated_gelu(approximation));
+  });
+}
+
+at::Tensor gated_mul_cpu(const at::Tensor& gate, const at::Tensor& up, GatedActivation activation) {
+  return gated_pair_forward(gate, up, [&](const auto& problem) {
+    gated_mul_rows_cpu(problem, gate.scalar_type(), activation);
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_mul_backward_cpu(const at::Tensor& grad, const at::Tensor& gate,
+                                                          const at::Tensor& up, GatedActivation activation) {
+  return gated_pair_backward(grad, gate, up, [&](const auto& problem) {
+    gated_mul_backward_rows_cpu(problem, gate.scalar_type(), activation);
   });
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <tuple>
 #include <vector>
 
 #include "../common/tensors.h"
@@ -48,9 +49,13 @@ inline RowOutput row_output(const at::Tensor& contiguous_matrix, int64_t column_
           contiguous_matrix.stride(0)};
 }
 
-// Gated layout of SwiGLU/GeGLU MLPs: x = [..., 2d] holds the gate x[..., :d] and the up
-// projection x[..., d:]. Forward reads both halves and writes [..., d]; `run_rows` is the CPU or
-// CUDA loop.
+// Gated ops read a gate and an up operand, each [rows, d] given by (pointer, row stride, column
+// stride): the halves of one [..., 2d] tensor (silu_mul, gelu_mul: the up operand starts d columns
+// after the gate) or two tensors (gated_mul), so one problem shape and one set of kernels serve every
+// layout. `run_rows` is the CPU or CUDA loop.
+
+// The merged layout of SwiGLU/GeGLU MLPs: x = [..., 2d] holds the gate x[..., :d] and the up projection
+// x[..., d:]. Forward reads both halves and writes [..., d].
 template <typename RunRows>
 at::Tensor gated_forward(const at::Tensor& x, RunRows run_rows) {
   const at::Tensor x_rows = as_rows(x);
@@ -74,6 +79,34 @@ at::Tensor gated_backward(const at::Tensor& grad, const at::Tensor& x, RunRows r
       {row_operand(as_rows(grad)), row_operand(x_rows, 0), row_operand(x_rows, half)},
       {row_output(grad_x_rows, 0), row_output(grad_x_rows, half)}, x_rows.size(0), half});
   return grad_x;
+}
+
+// A gated_mul operand [..., d] as [rows, d] (a 0-d tensor as one row of one).
+inline at::Tensor gated_operand_rows(const at::Tensor& tensor) {
+  return tensor.dim() == 0 ? tensor.reshape({1, 1}) : as_rows(tensor);
+}
+
+// gated_mul: gate and up two tensors of one shape [..., d], any strides; the result [..., d] contiguous.
+template <typename RunRows>
+at::Tensor gated_pair_forward(const at::Tensor& gate, const at::Tensor& up, RunRows run_rows) {
+  const at::Tensor gate_rows = gated_operand_rows(gate);
+  at::Tensor out = empty_contiguous_like(gate);
+  run_rows(RowwiseProblem<2, 1>{{row_operand(gate_rows), row_operand(gated_operand_rows(up))},
+                                {row_output(out.view(gate_rows.sizes()))}, gate_rows.size(0), gate_rows.size(1)});
+  return out;
+}
+
+template <typename RunRows>
+std::tuple<at::Tensor, at::Tensor> gated_pair_backward(const at::Tensor& grad, const at::Tensor& gate,
+                                                       const at::Tensor& up, RunRows run_rows) {
+  const at::Tensor gate_rows = gated_operand_rows(gate);
+  at::Tensor grad_gate = empty_contiguous_like(gate);
+  at::Tensor grad_up = empty_contiguous_like(up);
+  run_rows(RowwiseProblem<3, 2>{
+      {row_operand(gated_operand_rows(grad)), row_operand(gate_rows), row_operand(gated_operand_rows(up))},
+      {row_output(grad_gate.view(gate_rows.sizes())), row_output(grad_up.view(gate_rows.sizes()))},
+      gate_rows.size(0), gate_rows.size(1)});
+  return {grad_gate, grad_up};
 }
 
 }  // namespace fused_ops

@@ -67,8 +67,9 @@ def _check_built_for_this_torch() -> None:
 _check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
-from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm,  # noqa: E402
-                   linear_cross_entropy, relu_add, rms_norm, rotary_embedding, silu_mul, silu_mul_linear)
+from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gated_mul, gated_mul_linear, gelu_mul,  # noqa: E402
+                   layer_norm, linear_cross_entropy, relu_add, rms_norm, rotary_embedding, silu_mul,
+                   silu_mul_linear)
 from . import nn  # noqa: E402
 from .patching import fuse, FusionReport  # noqa: E402
 from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
@@ -87,6 +88,8 @@ __all__ = [
     "silu_mul",
     "silu_mul_linear",
     "gelu_mul",
+    "gated_mul",
+    "gated_mul_linear",
     "rms_norm",
     "add_rms_norm",
     "layer_norm",

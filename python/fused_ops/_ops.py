@@ -10,6 +10,8 @@ _bias_gelu = torch.ops.fused.bias_gelu.default
 _silu_mul = torch.ops.fused.silu_mul.default
 _silu_mul_linear = torch.ops.fused.silu_mul_linear.default
 _gelu_mul = torch.ops.fused.gelu_mul.default
+_gated_mul = torch.ops.fused.gated_mul.default
+_gated_mul_linear = torch.ops.fused.gated_mul_linear.default
 _rms_norm = torch.ops.fused.rms_norm.default
 _add_rms_norm = torch.ops.fused.add_rms_norm.default
 _layer_norm = torch.ops.fused.layer_norm.default
@@ -52,6 +54,25 @@ def silu_mul_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None) ->
 def gelu_mul(x: Tensor, approximate: str = "none") -> Tensor:
     """`gelu(x[..., :d], approximate) * x[..., d:]` for `x` of shape `[..., 2d]` (GeGLU)."""
     return _gelu_mul(x, approximate)
+
+
+def gated_mul(gate: Tensor, up: Tensor, activation: str = "silu") -> Tensor:
+    """`act(gate) * up` for `gate` and `up` of one shape `[..., d]`, dtype and device (a gated MLP whose
+    gate and up projections are two tensors; any strides, e.g. the halves of one gate/up output).
+
+    `activation` is "silu" (SwiGLU), "gelu" (erf GELU, GeGLU) or "gelu_tanh" (`F.gelu(approximate="tanh")`).
+    Differentiable in `gate` and `up`.
+    """
+    return _gated_mul(gate, up, activation)
+
+
+def gated_mul_linear(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
+                     activation: str = "silu") -> Tensor:
+    """`F.linear(gated_mul(gate, up, activation), weight, bias)` for `gate`, `up` [..., d] and `weight`
+    [n, d] (a gated MLP's down projection). Its autograd node saves `gate` and `up`, not the [..., d]
+    activation, which the backward recomputes. Differentiable in `gate`, `up`, `weight` and `bias`.
+    """
+    return _gated_mul_linear(gate, up, weight, bias, activation)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:

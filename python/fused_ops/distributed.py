@@ -9,6 +9,9 @@ halves, is gathered on that dim first).
   (`silu_mul`, `gelu_mul`) on any dim but the last. `bias_gelu`'s bias follows x's last dim.
   `silu_mul_linear` runs on rows sharded likewise with the weight replicated, or on a replicated x with
   the weight (and bias) sharded on its output rows; its weight and bias gradients come out `Partial`.
+  `gated_mul` (gate and up two tensors) follows gate and up sharded alike on any dim, the last too.
+  `gated_mul_linear` runs as `silu_mul_linear` does, and also row parallel: gate and up sharded on their
+  last dim with the weight sharded on its input columns and no bias, the output then `Partial`.
 - Norms run on rows sharded on any dim but the normalised one (sequence parallel: `Shard(1)`), with
   weight and bias replicated; their weight and bias gradients come out `Partial` (a sum over the rows
   each rank holds).
@@ -149,6 +152,41 @@ def _silu_mul_linear_backward_rules(grad, x, weight, output_mask):
     return rules
 
 
+def _gated_mul_linear_rules(gate, up, weight, bias=None, activation="silu"):
+    """Rows sharded on any dim but the last with the weight replicated; column parallel (weight and bias
+    sharded on the output rows, gate and up replicated); row parallel without a bias (gate and up sharded
+    on their last dim, the weight on its input columns: each rank's product is a partial sum)."""
+    Partial, Replicate, Shard = _placements()
+    has_bias = bias is not None
+    rules = [([Replicate()], [Replicate(), Replicate(), Replicate(), Replicate() if has_bias else None, None])]
+    rules += [([Shard(d)], [Shard(d), Shard(d), Replicate(), Replicate() if has_bias else None, None])
+              for d in _row_dims(gate)]
+    rules.append(([Shard(gate.ndim - 1)], [Replicate(), Replicate(), Shard(0), Shard(0) if has_bias else None, None]))
+    if not has_bias and gate.ndim >= 1:
+        last = gate.ndim - 1
+        rules.append(([Partial()], [Shard(last), Shard(last), Shard(1), None, None]))
+    return rules
+
+
+def _gated_mul_linear_backward_rules(grad, gate, up, weight, activation, output_mask):
+    """Rows sharded alike in grad, gate and up: their gradients sharded so, the weight's and bias's Partial;
+    row parallel: gate, up and their gradients sharded on the last dim, the weight's on its input columns,
+    the bias's replicated. Gradients not asked for are empty, replicated."""
+    Partial, Replicate, Shard = _placements()
+
+    def outputs(gate_up, weight_gradient, bias_gradient):
+        return [placement if asked else Replicate()
+                for placement, asked in zip((gate_up, gate_up, weight_gradient, bias_gradient), output_mask)]
+    rules = [(outputs(Replicate(), Replicate(), Replicate()),
+              [Replicate(), Replicate(), Replicate(), Replicate(), None, None])]
+    rules += [(outputs(Shard(d), Partial(), Partial()), [Shard(d), Shard(d), Shard(d), Replicate(), None, None])
+              for d in _row_dims(gate)]
+    last = gate.ndim - 1
+    rules.append((outputs(Shard(last), Shard(1), Replicate()),
+                  [Replicate(), Shard(last), Shard(last), Shard(1), None, None]))
+    return rules
+
+
 def _norm_rules(x, *others, outputs, gradients=0):
     """A norm: `others` are its residual-like inputs (sharded like x; None where absent) followed by
     its parameters (replicated; None where absent) as (spec, is_parameter) pairs; non-tensor
@@ -245,6 +283,11 @@ def _register_once():
     rule(ops.silu_mul_linear_backward)(_silu_mul_linear_backward_rules)
     rule(ops.gelu_mul)(lambda x, approximate="none": _gated_rules(x, options=1))
     rule(ops.gelu_mul_backward)(lambda grad, x, approximate="none": _gated_rules(grad, x, options=1))
+    rule(ops.gated_mul)(lambda gate, up, activation="silu": _elementwise_rules(gate, [gate, up, None]))
+    rule(ops.gated_mul_backward)(
+        lambda grad, gate, up, activation="silu": _elementwise_rules(gate, [grad, gate, up, None], outputs=2))
+    rule(ops.gated_mul_linear)(_gated_mul_linear_rules)
+    rule(ops.gated_mul_linear_backward)(_gated_mul_linear_backward_rules)
     rule(ops.rms_norm)(lambda x, weight, eps=1e-6: _norm_rules(
         x, _parameter(weight), _non_tensor(), outputs=1))
     rule(ops.add_rms_norm)(lambda x, residual, weight, eps=1e-6: _norm_rules(
