@@ -21,6 +21,9 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             mamba_d_state=16, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, mamba_d_ssm=64,
             mamba_n_groups=1, chunk_size=16, state_size=16, ssm_state_size=16, n_groups=1, time_step_rank=8)
 MAX_PARAMETERS = 8_000_000
+# Families whose tiny model takes a minute a forward on the CPU (Python loops of linear attention):
+# tested with the slow tests.
+SLOW = {"kimi_linear"}
 # Families whose default config needs more than TINY to build small.
 OVERRIDES = {
 }

@@ -1,6 +1,6 @@
 """fuse() on every causal-LM family transformers ships that builds from a tiny config, fused or not:
-the stock loss and every gradient in training, the stock logits in eval mode, the same parameters,
-and a model that pickles. The test of "never wrong" is the families nobody wrote a rule for."""
+the stock loss and every gradient in training, the stock logits in eval mode, the same Parameter
+objects and state-dict keys, and a model that pickles and deep-copies. The test of "never wrong" is the families nobody wrote a rule for."""
 import copy
 import io
 import warnings
@@ -24,6 +24,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 MODEL_TYPES = hf_families.causal_lm_model_types()
+PARAMETERS = [pytest.param(t, marks=pytest.mark.slow) if t in hf_families.SLOW else t for t in MODEL_TYPES]
 
 
 def stock_and_fused(model_type):
@@ -32,9 +33,14 @@ def stock_and_fused(model_type):
         pytest.skip(f"a tiny {model_type} does not build or run: {reason}")
     stock = hf_families.build(model_type)
     fused = copy.deepcopy(stock)
+    before = list(fused.named_parameters())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fused_ops.fuse(fused)
+    after = list(fused.named_parameters())
+    assert [name for name, _ in after] == [name for name, _ in before]
+    assert all(a is b for (_, a), (_, b) in zip(after, before)), "the same Parameter objects"
+    assert list(fused.state_dict()) == list(stock.state_dict())
     return stock, fused
 
 
@@ -52,8 +58,8 @@ def assert_close_relative(got, want, rtol, what):
     torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * scale + 1e-7, msg=what)
 
 
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_fused_family_computes_what_the_stock_model_does(model_type):
+@pytest.mark.parametrize("model_type", PARAMETERS)
+def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type):
     stock, fused = stock_and_fused(model_type)
     report = fused.fused_ops_report
     ids = hf_families.batch(stock)
@@ -76,31 +82,14 @@ def test_fused_family_computes_what_the_stock_model_does(model_type):
     assert_close_relative(got.loss, want.loss, 1e-4, f"{model_type} eval loss")
     expected = EXPECTED_FUSIONS.get(model_type, set())
     assert expected <= set(report.counts()), f"{model_type}: expected {sorted(expected)}\n{report}"
-
-
-@pytest.mark.parametrize("model_type", MODEL_TYPES)
-def test_fuse_keeps_parameters_and_pickles(model_type):
-    stock, fused = stock_and_fused(model_type)
-    model = hf_families.build(model_type)
-    before = [(name, p) for name, p in model.named_parameters()]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        fused_ops.fuse(model)
-    after = [(name, p) for name, p in model.named_parameters()]
-    assert [name for name, _ in after] == [name for name, _ in before]
-    assert all(a is b for (_, a), (_, b) in zip(after, before)), "the same Parameter objects"
-    assert list(model.state_dict()) == list(stock.state_dict())
     buffer = io.BytesIO()
     torch.save(fused, buffer)
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     assert [type(m) for m in loaded.modules()] == [type(m) for m in fused.modules()]
-    copied = copy.deepcopy(fused)
-    ids = hf_families.batch(stock)
-    for other in (loaded, copied):
-        other.eval(), fused.eval()
-        with torch.no_grad():
-            assert torch.equal(other(input_ids=ids).logits, fused(input_ids=ids).logits)
+    with torch.no_grad():
+        for other in (loaded, copy.deepcopy(fused)):
+            assert torch.equal(other.eval()(input_ids=ids).logits, fused(input_ids=ids).logits)
 
 
 def test_enough_families_are_tested():
