@@ -237,7 +237,9 @@ std::string error_line(const std::string& text) {
       const size_t name_end = text.find_first_not_of(kNameCharacters, line_start);
       const std::string name = text.substr(line_start, std::min(name_end, text.size()) - line_start);
       const bool exception = name.find("Error") != std::string::npos || name.find("Exception") != std::string::npos;
-      if (exception && name_end != std::string::npos && text.compare(name_end, 2, ": ") == 0) start = name_end + 2;  // the reason, unnamed
+      if (exception && name_end != std::string::npos && text.compare(name_end, 2, ": ") == 0) {
+        start = name_end + 2;  // the reason, without the exception's name
+      }
       const size_t next = text.find('\n', line_start);
       if (next == std::string::npos) break;
       line_start = next + 1;

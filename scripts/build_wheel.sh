@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (see scripts/setup.sh), then build a wheel of fused_ops into dist/ (or the directory given):
 # for the torch installed (the wheel requires exactly that torch release) and the CUDA targets of
-# TORCH_CUDA_ARCH_LIST. It reuses the set-up's build, so it takes seconds once that is done.
+# TORCH_CUDA_ARCH_LIST. It reuses the set-up's compiled build: under a minute once that is done.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh"
 cd "$ROOT"

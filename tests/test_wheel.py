@@ -2,13 +2,13 @@
 fresh virtual environment that holds only torch and its dependencies, where `python -m fused_ops` and
 one op run. The environment reaches the installed torch through a directory of links to exactly
 torch's distributions (no copy, no download), so pip sees torch installed and must find the wheel's
-pin satisfied from it, with no index to fall back on."""
+pin satisfied from it, with no index to fall back on. About a minute, most of it CMake's configure
+step (the compile is the set-up's, reused)."""
 import importlib.metadata
 import os
 import re
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
@@ -62,8 +62,8 @@ def run(command, **kwargs):
 @pytest.mark.skipif(bool(os.environ.get("FUSED_OPS_SANITIZE")), reason="a sanitizer build is not a wheel to ship")
 def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     config = [f"-Ccmake.define.{name}={os.environ[name]}" for name in ("FUSED_OPS_CUDA",) if os.environ.get(name)]
-    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", *config, "-w", str(tmp_path / "dist"),
-         str(ROOT)], cwd=ROOT)
+    run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", *config,
+         "-w", str(tmp_path / "dist"), str(ROOT)], cwd=ROOT)
     (wheel,) = (tmp_path / "dist").glob("fused_ops-*.whl")
 
     environment = tmp_path / "venv"
@@ -81,7 +81,7 @@ def test_wheel_installs_and_runs_in_a_fresh_environment(tmp_path):
     run([*pip, "install", "--no-index", "--no-cache-dir", str(wheel)], env=clean)
 
     info = run([str(python), "-m", "fused_ops"], env=clean, cwd=tmp_path)
-    assert f"torch {torch.__version__}" in info or torch.__version__ in info
+    assert torch.__version__ in info
     assert str(site) in info  # the library the environment installed, not the set-up's
     check = """
 import importlib.metadata, pathlib, torch, fused_ops
@@ -93,4 +93,3 @@ print((pathlib.Path(fused_ops.__file__).parent / "py.typed").is_file())
     requires, typed = run([str(python), "-c", check], env=clean, cwd=tmp_path).split("\n")[:2]
     assert requires == repr([f"torch=={torch.__version__.split('+')[0]}"])
     assert typed == "True"
-    assert sysconfig.get_paths()["purelib"] != str(site)
