@@ -81,6 +81,7 @@ class ReluAddFunction : public torch::autograd::Function<ReluAddFunction> {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->saved_data["y_sizes"] = c10::IValue(y.sym_sizes());
     if (!x.requires_grad()) return relu_add_op(x, y, bias);
+    check_relu_add_arguments("relu_add", x, y);  // errors name the op called, not relu_add_with_mask
     auto [out, mask] = relu_add_with_mask_op(x, y, bias);
     ctx->save_for_backward({mask});
     return out;
@@ -503,6 +504,9 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
                             const at::Tensor& target, const OptionalTensor& bias, int64_t ignore_index,
                             double label_smoothing, StringOption reduction, double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    // Errors name the op called, not linear_cross_entropy_with_gradients.
+    check_linear_cross_entropy_arguments("linear_cross_entropy", input, weight, target, bias, ignore_index,
+                                         label_smoothing, reduction, softcap);
     const GradientMask mask = {input.requires_grad(), weight.requires_grad(), requires_grad(bias)};
     ctx->saved_data["options"] = c10::IValue(std::make_tuple(ignore_index, label_smoothing, std::string(reduction), softcap));
     ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));

@@ -55,11 +55,18 @@ bool requires_grad(const Option&) {
   return false;
 }
 
+inline bool is_undefined(const at::Tensor& tensor) { return !tensor.defined(); }
+template <typename Option>
+bool is_undefined(const Option&) {
+  return false;
+}
+
 // Whether a call must record a graph node; otherwise the op runs without one (the eager inference
-// path stays as short as the op itself).
+// path stays as short as the op itself). A tensor argument given as None records none: the op's
+// checks below autograd name it.
 template <typename... Arguments>
 bool records_gradient(const Arguments&... arguments) {
-  return at::GradMode::is_enabled() && (requires_grad(arguments) || ...);
+  return at::GradMode::is_enabled() && !(is_undefined(arguments) || ...) && (requires_grad(arguments) || ...);
 }
 
 // The Autograd kernel of an op whose graph node is `Function`: the op below autograd when no input

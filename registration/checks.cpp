@@ -8,7 +8,13 @@
 
 namespace fused_ops {
 
+void check_defined(const char* op, const char* arg, const at::Tensor& tensor) {
+  TORCH_CHECK(tensor.defined(), "fused::", op, ": expected ", arg,
+              " to be a tensor, but got None (an undefined tensor)");
+}
+
 void check_floating(const char* op, const char* arg, const at::Tensor& tensor) {
+  check_defined(op, arg, tensor);
   const auto dtype = tensor.scalar_type();
   TORCH_CHECK(dtype == at::kDouble || dtype == at::kFloat || dtype == at::kHalf ||
                   dtype == at::kBFloat16,
@@ -18,6 +24,8 @@ void check_floating(const char* op, const char* arg, const at::Tensor& tensor) {
 
 void check_same_dtype(const char* op, const char* arg, const at::Tensor& tensor,
                       const char* reference_arg, const at::Tensor& reference) {
+  check_defined(op, arg, tensor);
+  check_defined(op, reference_arg, reference);
   TORCH_CHECK(tensor.scalar_type() == reference.scalar_type(), "fused::", op, ": expected ", arg,
               " to have the same dtype as ", reference_arg, " (", reference.scalar_type(),
               "), but got ", tensor.scalar_type());
@@ -25,6 +33,8 @@ void check_same_dtype(const char* op, const char* arg, const at::Tensor& tensor,
 
 void check_same_device(const char* op, const char* arg, const at::Tensor& tensor,
                        const char* reference_arg, const at::Tensor& reference) {
+  check_defined(op, arg, tensor);
+  check_defined(op, reference_arg, reference);
   TORCH_CHECK(tensor.device() == reference.device(), "fused::", op, ": expected ", arg,
               " to be on the same device as ", reference_arg, " (", reference.device(),
               "), but got ", tensor.device());
@@ -32,6 +42,8 @@ void check_same_device(const char* op, const char* arg, const at::Tensor& tensor
 
 void check_broadcasts_to(const char* op, const char* arg, const at::Tensor& tensor,
                          const char* target_arg, const at::Tensor& target) {
+  check_defined(op, arg, tensor);
+  check_defined(op, target_arg, target);
   const c10::SymIntArrayRef sizes = tensor.sym_sizes();
   const c10::SymIntArrayRef target_sizes = target.sym_sizes();
   bool broadcasts = sizes.size() <= target_sizes.size();
@@ -46,6 +58,8 @@ void check_broadcasts_to(const char* op, const char* arg, const at::Tensor& tens
 
 void check_same_shape(const char* op, const char* arg, const at::Tensor& tensor,
                       const char* reference_arg, const at::Tensor& reference) {
+  check_defined(op, arg, tensor);
+  check_defined(op, reference_arg, reference);
   TORCH_CHECK(tensor.sym_sizes() == reference.sym_sizes(), "fused::", op, ": expected ", arg,
               " to have the shape of ", reference_arg, " ", reference.sym_sizes(), ", but got ",
               tensor.sym_sizes());

@@ -11,6 +11,9 @@
 
 namespace fused_ops {
 
+// A tensor argument given as None (an undefined tensor): every check below starts with this one, so
+// every op names the argument that is missing.
+void check_defined(const char* op, const char* arg, const at::Tensor& tensor);
 // Floating dtype the library has kernels for (float64, float32, float16, bfloat16).
 void check_floating(const char* op, const char* arg, const at::Tensor& tensor);
 void check_same_dtype(const char* op, const char* arg, const at::Tensor& tensor,

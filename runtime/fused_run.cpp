@@ -131,8 +131,13 @@ std::vector<at::Tensor> run_torchscript(const Options& options, std::vector<at::
                              " inputs, INPUTS holds " + std::to_string(inputs.size()));
   }
   if (options.grad) {
-    for (auto& input : inputs) {
-      if (input.is_floating_point()) input.requires_grad_(true);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i].is_floating_point() || inputs[i].is_complex()) {
+        inputs[i].requires_grad_(true);
+      } else {
+        std::cerr << "fused_run: note: input " << i << " is " << inputs[i].scalar_type()
+                  << ", not floating point: it gets no gradient (None in OUTPUTS)\n";
+      }
     }
   }
   std::vector<c10::IValue> arguments(inputs.begin(), inputs.end());
@@ -157,8 +162,11 @@ std::vector<at::Tensor> run_torchscript(const Options& options, std::vector<at::
   for (const auto& output : outputs) result.push_back(output.detach());
   size_t next = 0;
   for (const auto& input : inputs) {
-    at::Tensor gradient;
-    if (input.requires_grad() && next < gradients.size()) gradient = gradients[next++];
+    if (!input.requires_grad()) {  // an integer or bool input: no gradient, written as None
+      result.emplace_back();
+      continue;
+    }
+    const at::Tensor gradient = next < gradients.size() ? gradients[next++] : at::Tensor();
     result.push_back(gradient.defined() ? gradient : at::zeros_like(input));
   }
   return result;
@@ -171,10 +179,13 @@ std::vector<at::Tensor> run_package(const Options& options, const std::vector<at
 }
 
 // torch::pickle_save with untagged aggregates: a list is written as a plain Python list, which
-// torch.load reads with its default weights_only=True (a type-tagged list needs a jit global).
+// torch.load reads with its default weights_only=True (a type-tagged list needs a jit global). An
+// undefined tensor is written as None.
 std::vector<char> save_tensor_list(const std::vector<at::Tensor>& tensors) {
   c10::impl::GenericList list(c10::AnyType::get());  // Tensor-typed lists pickle as a jit global
-  for (const auto& tensor : tensors) list.push_back(tensor.detach().cpu());
+  for (const auto& tensor : tensors) {
+    list.push_back(tensor.defined() ? c10::IValue(tensor.detach().cpu()) : c10::IValue());
+  }
   std::vector<char> pickle_bytes;
   torch::jit::Pickler pickler(
       [&](const char* bytes, size_t size) { pickle_bytes.insert(pickle_bytes.end(), bytes, bytes + size); },
@@ -212,11 +223,28 @@ int run(const Options& options) {
   return 0;
 }
 
-// The first non-empty line of an error, printable: messages can quote bytes of a corrupt file, and
-// TorchScript's start with a newline.
-std::string first_line(const std::string& text) {
+// The line of an error worth printing, made printable (messages can quote bytes of a corrupt file):
+// its first non-empty line, or, for an error raised inside the TorchScript interpreter (whose first
+// line only says so, then a traceback follows), the reason at the end: the last line that starts
+// with an exception's name ("RuntimeError: fused::relu_add: expected ...").
+std::string error_line(const std::string& text) {
   static constexpr char kHex[] = "0123456789abcdef";
-  const size_t start = std::min(text.size(), text.find_first_not_of(" \n"));
+  static constexpr char kNameCharacters[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_.";
+  size_t start = std::min(text.size(), text.find_first_not_of(" \n"));
+  static const std::string kInterpreterError = "The following operation failed in the TorchScript interpreter";
+  if (text.compare(start, kInterpreterError.size(), kInterpreterError) == 0) {
+    for (size_t line_start = start; line_start < text.size();) {
+      const size_t name_end = text.find_first_not_of(kNameCharacters, line_start);
+      const std::string name = text.substr(line_start, std::min(name_end, text.size()) - line_start);
+      const bool exception = name.find("Error") != std::string::npos || name.find("Exception") != std::string::npos;
+      if (exception && name_end != std::string::npos && text.compare(name_end, 2, ": ") == 0) {
+        start = name_end + 2;  // the reason, without the exception's name
+      }
+      const size_t next = text.find('\n', line_start);
+      if (next == std::string::npos) break;
+      line_start = next + 1;
+    }
+  }
   std::string line;
   for (const char c : text.substr(start, text.find('\n', start) - start)) {
     const auto byte = static_cast<unsigned char>(c);
@@ -244,9 +272,9 @@ int main(int argc, char** argv) {
   try {
     return run(options);
   } catch (const c10::Error& error) {
-    std::cerr << "fused_run: error: " << first_line(error.what_without_backtrace()) << "\n";
+    std::cerr << "fused_run: error: " << error_line(error.what_without_backtrace()) << "\n";
   } catch (const std::exception& error) {
-    std::cerr << "fused_run: error: " << first_line(error.what()) << "\n";
+    std::cerr << "fused_run: error: " << error_line(error.what()) << "\n";
   } catch (...) {
     std::cerr << "fused_run: error: unknown exception\n";
   }

@@ -15,6 +15,7 @@ the CSV (--csv, default OUT/results.csv; docs/results.csv holds the published ro
 
     python scripts/bench.py [--headline] [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28]
                             [--rounds 2] [--out DIR] [--csv FILE] [--fused-label NAME]
+    python scripts/bench.py --plot-published docs/results.csv docs/model_results.csv docs/performance.png
 """
 import argparse
 import csv
@@ -371,6 +372,98 @@ def plot_relative_times(result, path):
     return True
 
 
+# The published plot's panels: families of ops, then the whole model (docs/model_results.csv).
+PUBLISHED_PANELS = [
+    ("Elementwise", ["relu_add"]),
+    ("Activations", ["bias_gelu_none", "bias_gelu_tanh", "silu_mul", "gelu_mul_tanh"]),
+    ("Norms", ["rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"]),
+    ("Rotary embedding (RoPE)", ["rotary_embedding"]),
+    ("LM head + loss", ["linear_cross_entropy"]),
+]
+VARIANT_COLORS = {"fused": "tab:blue", "eager": "tab:orange", "liger": "tab:green", "compile": "gray"}
+
+
+def latest_rows(path, key_fields):
+    """The CSV's rows, the last one of each key (the newest run) kept."""
+    with open(path, newline="") as file:
+        return list({tuple(row[field] for field in key_fields): row for row in csv.DictReader(file)}.values())
+
+
+def plot_published(results_csv, model_csv, path):
+    """docs/performance.png: per family, each workload's fused, eager (and Liger) time relative to
+    torch.compile's; then the model's training tokens/s and peak memory, from the CSVs' newest rows."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = latest_rows(results_csv, ("op", "shape", "dtype", "mode", "variant"))
+    times = {}
+    for row in rows:
+        times.setdefault((row["op"], row["shape"], row["dtype"], row["mode"]), {})[row["variant"]] = float(row["us"])
+    panels = []
+    for title, ops in PUBLISHED_PANELS:
+        workloads = [(key, value) for key, value in times.items()
+                     if key[0] in ops and "compile" in value and "fused" in value]
+        workloads.sort(key=lambda item: (ops.index(item[0][0]), item[0][2], item[0][1], item[0][3]))
+        panels.append((title, workloads))
+    models = latest_rows(model_csv, ("variant",))
+    heights = [max(2, len(workloads)) * 0.36 + 1.1 for _, workloads in panels] + [len(models) * 0.36 + 1.1]
+    plt.rcParams.update({"font.size": 11})
+    figure, axes = plt.subplots(len(heights), 1, figsize=(14, sum(heights)), dpi=100,
+                                gridspec_kw={"height_ratios": heights})
+    for axis, (title, workloads) in zip(axes, panels):
+        labels, ratios = [], []
+        for position, ((op, shape, dtype, mode), measured) in enumerate(workloads):
+            labels.append(f"{op}  {shape.replace('x', '×')}  {dtype}  {mode}")
+            present = [variant for variant in ("fused", "eager", "liger") if variant in measured]
+            for offset, variant in enumerate(present):
+                ratio = measured[variant] / measured["compile"]
+                ratios.append(ratio)
+                bar_position = position + (offset - (len(present) - 1) / 2) * 0.27
+                # Bars grow from torch.compile's 1: left is faster, right slower.
+                axis.barh(bar_position, ratio - 1, left=1, height=0.27, color=VARIANT_COLORS[variant],
+                          label=variant if position == 0 else None)
+                if variant == "fused":  # its figure beside the bar's end
+                    axis.text(ratio / 1.03 if ratio < 1 else ratio * 1.03, bar_position,
+                              f"{ratio:.2f}× ({format_us(measured['fused'])})", va="center", fontsize=9,
+                              ha="right" if ratio < 1 else "left")
+        axis.axvline(1.0, color=VARIANT_COLORS["compile"], linestyle="--", label="torch.compile")
+        axis.set_xscale("log", base=2)
+        axis.set_xlim(min(ratios + [1]) / 2.6, max(ratios + [1]) * 2.2)
+        axis.set_yticks(range(len(labels)), labels, fontsize=10)
+        axis.invert_yaxis()
+        axis.set_title(title, loc="left", fontweight="bold")
+        axis.set_xlabel("time relative to torch.compile (log scale; left of the dashed line is faster)")
+        axis.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=4, fontsize=9, frameon=False)
+    axis = axes[-1]
+    baseline = next((float(row["tokens_per_s"]) for row in models if row["variant"] == "stock_compile"), None)
+    for position, row in enumerate(models):
+        speed = float(row["tokens_per_s"]) / baseline if baseline else float(row["tokens_per_s"])
+        axis.barh(position, speed, height=0.6,
+                  color=VARIANT_COLORS["fused"] if row["variant"].startswith("fused") else
+                  VARIANT_COLORS["liger"] if row["variant"] == "liger" else VARIANT_COLORS["eager"])
+        axis.text(speed * 1.01, position, f"{speed:.2f}×, {int(float(row['tokens_per_s']))} tokens/s, "
+                  f"peak {float(row['peak_gb']):.1f} GB", va="center", fontsize=9)
+    axis.axvline(1.0, color=VARIANT_COLORS["compile"], linestyle="--")
+    axis.set_yticks(range(len(models)), [row["variant"].replace("_", ", ") for row in models], fontsize=10)
+    axis.invert_yaxis()
+    axis.set_xlim(0, max(1.0, *(float(row["tokens_per_s"]) / (baseline or 1) for row in models)) * 1.45)
+    first = models[0] if models else {}
+    axis.set_title(f"Whole model: Llama-3.2-1B-shaped training step\n({first.get('batch')} × {first.get('sequence')} "
+                   f"tokens, {first.get('layers')} layers, bf16, AdamW)", loc="left", fontweight="bold")
+    axis.set_xlabel("training tokens/s relative to the stock model under torch.compile (higher is faster)")
+    gpus = sorted({f"{row['gpu']}, torch {row['torch']}" for row in rows + models})
+    figure.suptitle(f"fused_ops on {'; '.join(gpus)} (bf16 unless noted; newest rows of docs/results.csv and "
+                    "docs/model_results.csv)", fontsize=12)
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / sum(heights)))
+    figure.savefig(path)
+    return True
+
+
+def format_us(us):
+    return f"{us / 1000:.3g} ms" if us >= 1000 else f"{us:.3g} µs"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ops", nargs="+", default=DEFAULT_OPS,
@@ -392,7 +485,14 @@ def main():
     parser.add_argument("--variants", nargs="+", default=["fused", "eager", "compile"],
                         choices=["fused", "eager", "compile"],
                         help="what to time (fused alone to compare two builds of the library)")
+    parser.add_argument("--plot-published", nargs=3, metavar=("RESULTS_CSV", "MODEL_CSV", "PNG"),
+                        help="only draw the published plot from the CSVs (docs/results.csv docs/model_results.csv "
+                             "docs/performance.png), timing nothing")
     args = parser.parse_args()
+    if args.plot_published:
+        plot_published(*args.plot_published)
+        print(f"wrote {args.plot_published[2]}")
+        return
     result = run(args)
     print_table(result)
     os.makedirs(args.out, exist_ok=True)

@@ -39,24 +39,40 @@ if [ -n "${missing// /}" ]; then
   "$PY" -m pip install -q $missing
 fi
 
+# The build options, as pip passes them to CMake (scripts/build_wheel.sh builds with the same).
+BUILD_CONFIG=()
+[ -n "${FUSED_OPS_CUDA:-}" ] && BUILD_CONFIG+=(-C "cmake.define.FUSED_OPS_CUDA=$FUSED_OPS_CUDA")
+[ -n "${FUSED_OPS_SANITIZE:-}" ] && BUILD_CONFIG+=(-C "cmake.define.FUSED_OPS_SANITIZE=$FUSED_OPS_SANITIZE")
+
 # Rebuild only when the sources, the interpreter, torch or the build options changed.
-source_hash=$(cd "$ROOT" && { find CMakeLists.txt pyproject.toml ops registration python runtime \
+source_hash=$(cd "$ROOT" && { find CMakeLists.txt pyproject.toml build_hooks ops registration python runtime \
     -type f ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum;
   "$PY" -c "import sys, torch; print(sys.executable, torch.__version__)";
   echo "${TORCH_CUDA_ARCH_LIST:-} ${FUSED_OPS_CUDA:-} ${FUSED_OPS_SANITIZE:-}"; } | sha256sum | cut -c1-16)
 stamp=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/fused_ops/.source-hash
 if [ "$(cat "$stamp" 2>/dev/null)" != "$source_hash" ] || ! "$PY" -c "import fused_ops" 2>/dev/null; then
-  echo "[setup] building and installing fused_ops (log: $ROOT/build/install.log)"
+  log="$ROOT/build/install.log"
+  echo "[setup] building and installing fused_ops; full log: $log (with CUDA the first build takes"
+  echo "[setup] about 15 minutes on a few cores; later builds recompile only what changed)"
   mkdir -p "$ROOT/build"
-  config=()
-  [ -n "${FUSED_OPS_CUDA:-}" ] && config+=(-C "cmake.define.FUSED_OPS_CUDA=$FUSED_OPS_CUDA")
-  [ -n "${FUSED_OPS_SANITIZE:-}" ] && config+=(-C "cmake.define.FUSED_OPS_SANITIZE=$FUSED_OPS_SANITIZE")
-  if ! (cd "$ROOT" && "$PY" -m pip install --no-build-isolation --no-deps -v ${config[@]+"${config[@]}"} . \
-        > "$ROOT/build/install.log" 2>&1); then
-    tail -n 60 "$ROOT/build/install.log"
-    echo "[setup] build failed; full log in $ROOT/build/install.log" >&2
+  started=$SECONDS
+  (cd "$ROOT" && "$PY" -m pip install --no-build-isolation --no-deps -v ${BUILD_CONFIG[@]+"${BUILD_CONFIG[@]}"} . \
+      > "$log" 2>&1) &
+  build_pid=$!
+  # One line per stage and per compile step (ninja's [n/N]), with the seconds since the start.
+  tail -n +1 -f --pid="$build_pid" "$log" 2>/dev/null | sed -u -n -E \
+      -e 's#^ *Preparing metadata.*started$#configuring#p' \
+      -e 's#^ *-- fused_ops: (.*)#\1#p' \
+      -e 's#^ *\[([0-9]+/[0-9]+)\] Building (CXX|CUDA) object CMakeFiles/[^/]+\.dir/(.*)\.o$#[\1] compiling \3#p' \
+      -e 's#^ *\[([0-9]+/[0-9]+)\] Linking .* ([^ ]+)$#[\1] linking \2#p' \
+      -e 's#^ *Building wheel .*finished.*#installing#p' |
+    while IFS= read -r step; do printf '[setup] %4ds  %s\n' $((SECONDS - started)) "$step"; done || true
+  if ! wait "$build_pid"; then
+    tail -n 60 "$log"
+    echo "[setup] build failed after $((SECONDS - started)) s; full log in $log" >&2
     exit 1
   fi
+  echo "[setup] built and installed in $((SECONDS - started)) s"
   echo "$source_hash" > "$stamp"
 fi
 "$PY" -c "import fused_ops; print('[setup] fused_ops', fused_ops.__version__, 'CUDA kernels:', fused_ops.cuda_kernels_compiled())"

@@ -172,6 +172,37 @@ def test_fused_run_errors_exit_cleanly(artifacts):
         assert result.stderr.startswith("fused_run:"), (name, result.stderr)
 
 
+def test_fused_run_model_failure_prints_the_ops_reason(tmp_path):
+    """An op failing inside the TorchScript interpreter: the one error line is the op's own message, not
+    the interpreter's "The following operation failed"."""
+    save_scripted(fused_ops.nn.ReLUAdd(), tmp_path / "relu_add.pt")
+    torch.save([torch.randn(4, 3), torch.randn(5)], tmp_path / "inputs.pt")
+    result = run_runner(tmp_path / "relu_add.pt", tmp_path / "inputs.pt", tmp_path / "out.pt")
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["fused_run: error: fused::relu_add: expected y of shape [5] to broadcast to the shape of x [4, 3] "
+                     "(the result keeps x's shape)"], result.stderr
+
+
+class AddIndex(torch.nn.Module):
+    def forward(self, x, index):
+        return torch.ops.fused.relu_add(x, index.to(x.dtype), 0.0)
+
+
+def test_fused_run_grad_gives_integer_inputs_none(tmp_path):
+    """--grad: a floating input gets its gradient, an integer one None (no gradient), with a note."""
+    save_scripted(AddIndex(), tmp_path / "model.pt")
+    x, index = torch.randn(4, 3), torch.arange(3)
+    torch.save([x, index], tmp_path / "inputs.pt")
+    result = run_runner(tmp_path / "model.pt", tmp_path / "inputs.pt", tmp_path / "out.pt", "--grad")
+    assert result.returncode == 0, result.stderr
+    assert "input 1 is Long, not floating point: it gets no gradient (None in OUTPUTS)" in result.stderr
+    out, grad_x, grad_index = torch.load(tmp_path / "out.pt")
+    torch.testing.assert_close(out, torch.relu(x) + index)
+    torch.testing.assert_close(grad_x, (x > 0).to(x.dtype))
+    assert grad_index is None
+
+
 def test_fused_run_help():
     result = run_runner("--help")
     assert result.returncode == 0 and "usage: fused_run MODEL INPUTS OUTPUTS" in result.stdout

@@ -1,6 +1,8 @@
 """linear_cross_entropy on every dtype and device: the loss and the gradients of input, weight and bias
 against F.linear + F.cross_entropy in float64 for every reduction, label smoothing, soft cap, ignored
 rows, odd sizes, several chunks, modes and bad input."""
+import os
+
 import pytest
 import torch
 from torch.library import opcheck
@@ -134,9 +136,15 @@ def test_chunk_plan(monkeypatch):
     assert function(3, 1, 4, plenty) == 3
     assert function(4096, 1 << 24, 4, 1) == 1
     assert function(8192, 32000, 2, 256 * megabyte) * 32000 * 2 <= 32 * megabyte
-    # FUSED_OPS_LOGITS_CHUNK_MB sets the size.
+    # FUSED_OPS_LOGITS_CHUNK_MB sets the size; 0 or empty leaves it to the plan; anything else is an error.
     monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "8")
     assert chunks(8192, 32000, 2) == (128, 64, 128)
+    for setting in ("0", ""):
+        monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
+        assert chunks(8192, 32000, 2) == (1664, 5, 1536)
+    for setting in ("abc", "-5", "8MB", "1e3", str(1 << 21)):
+        monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
+        assert function(8192, 32000, 2, plenty) == -1, setting
 
 
 @pytest.mark.parametrize("wanted", ["input", "weight", "bias"])
@@ -268,13 +276,32 @@ def bad_linear_cross_entropy_inputs(device):
         (make(input=torch.randint(0, 3, (4, 8), device=device)),
          op + "expected input to be float64, float32, float16 or bfloat16, but got Long"),
     ]
+    chunk_setting = ("expected the environment variable FUSED_OPS_LOGITS_CHUNK_MB to be a whole number of megabytes "
+                     "from 0 to 1048576 (the memory of one chunk of logits; 0 or unset: the op's own choice), but got ")
+    cases += [(with_chunk_setting("abc", make()), op + chunk_setting + "'abc'"),
+              (with_chunk_setting("-5", make()), chunk_setting + "'-5'")]
     if device == "cuda":
         cases.append((make(target=torch.zeros(4, dtype=torch.long)),
                       op + "expected target to be on the same device as input (cuda:0), but got cpu"))
     return cases
 
 
-@pytest.mark.parametrize("case", range(13))
+def with_chunk_setting(value, call):
+    """`call` with FUSED_OPS_LOGITS_CHUNK_MB set to `value`, restored after."""
+    def call_with_setting():
+        before = os.environ.get("FUSED_OPS_LOGITS_CHUNK_MB")
+        os.environ["FUSED_OPS_LOGITS_CHUNK_MB"] = value
+        try:
+            return call()
+        finally:
+            if before is None:
+                del os.environ["FUSED_OPS_LOGITS_CHUNK_MB"]
+            else:
+                os.environ["FUSED_OPS_LOGITS_CHUNK_MB"] = before
+    return call_with_setting
+
+
+@pytest.mark.parametrize("case", range(15))
 @pytest.mark.absent(lambda device, case: case >= len(bad_linear_cross_entropy_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_linear_cross_entropy_inputs(device), case)

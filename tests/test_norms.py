@@ -403,6 +403,26 @@ def test_modules_are_drop_in_for_torch(device, affine):
         torch.testing.assert_close(fused(x), eager(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.1, 0.01])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_rms_norm_default_eps_is_torchs(device, dtype, scale):
+    """eps=None adds what torch.nn.RMSNorm(eps=None) adds on the same device and torch: at small
+    activations the epsilon decides the output, so a different one is far off, not an ulp off."""
+    x = (torch.randn(64, 256, device=device) * scale).to(dtype)
+    residual = (torch.randn(64, 256, device=device) * scale).to(dtype)
+    eager = torch.nn.RMSNorm(256, eps=None, device=device, dtype=dtype)
+    with torch.no_grad():
+        eager.weight.normal_()
+    fused = fused_ops.nn.RMSNorm(256, eps=None, device=device, dtype=dtype)
+    fused.load_state_dict(eager.state_dict())
+    tolerance = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2, torch.float32: 1e-5}[dtype]
+    torch.testing.assert_close(fused(x), eager(x), rtol=tolerance, atol=tolerance)
+    add_fused = fused_ops.nn.AddRMSNorm(256, eps=None, device=device, dtype=dtype)
+    add_fused.load_state_dict(eager.state_dict())
+    out, h = add_fused(x, residual)
+    torch.testing.assert_close(out, eager(x + residual), rtol=tolerance, atol=tolerance)
+
+
 def test_residual_modules(device):
     x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
     rms = fused_ops.nn.AddRMSNorm(32, eps=1e-6).to(device)
@@ -442,8 +462,8 @@ class TransformerBlockNorms(torch.nn.Module):
 
 def block_composite(model, x, residual):
     h = x + residual
-    out = F.rms_norm(h, (32,), model.add_rms.weight, torch.finfo(x.dtype).eps)
-    out = F.rms_norm(out, (32,), model.rms.weight, torch.finfo(x.dtype).eps)
+    out = F.rms_norm(h, (32,), model.add_rms.weight, None)
+    out = F.rms_norm(out, (32,), model.rms.weight, None)
     h2 = out + h
     out2 = F.layer_norm(h2, (32,), model.add_layer.weight, model.add_layer.bias)
     return F.layer_norm(out2, (32,), model.layer.weight, model.layer.bias) + h2

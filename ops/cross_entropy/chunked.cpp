@@ -174,8 +174,13 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
 
 }  // namespace fused_ops
 
-// The chunk plan's rows, for tests through ctypes: no GPU needed.
+// The chunk plan's rows, for tests through ctypes: no GPU needed. -1 where the plan raises (a bad
+// FUSED_OPS_LOGITS_CHUNK_MB): no exception crosses the C boundary.
 extern "C" int64_t fused_ops_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
                                                       int64_t available_bytes) {
-  return fused_ops::plan_cross_entropy_chunk_rows(rows, classes, element_size, available_bytes);
+  try {
+    return fused_ops::plan_cross_entropy_chunk_rows(rows, classes, element_size, available_bytes);
+  } catch (const std::exception&) {
+    return -1;
+  }
 }

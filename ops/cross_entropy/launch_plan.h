@@ -2,7 +2,10 @@
 // The cross-entropy family's one tuned choice: how many rows of logits a chunk holds. Larger chunks
 // keep the products efficient and add the weight gradient's read-modify-write (V x H per chunk) fewer
 // times; smaller ones hold less memory. docs/design.md gives the figures.
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 
@@ -23,10 +26,21 @@ inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
 }
 
 // FUSED_OPS_LOGITS_CHUNK_MB=n sets a chunk's memory to n MB (at least one row): less memory for more
-// passes over the weight's gradient, or the reverse. 0 or unset: the plan's own size.
+// passes over the weight's gradient, or the reverse. 0, empty or unset: the plan's own size. Anything
+// but a whole number in [0, 2^20] is an error, not a silently ignored setting.
 inline int64_t requested_chunk_bytes() {
+  constexpr long long kLargestSetting = int64_t(1) << 20;  // 1 TB: far past any device's memory
   const char* setting = std::getenv("FUSED_OPS_LOGITS_CHUNK_MB");
-  return setting == nullptr ? 0 : std::max<int64_t>(0, std::atoll(setting)) * kMegabyte;
+  if (setting == nullptr || *setting == '\0') return 0;
+  char* end = nullptr;
+  errno = 0;
+  const long long megabytes = std::strtoll(setting, &end, 10);
+  const bool whole_number = end != setting && *end == '\0' && errno == 0;
+  TORCH_CHECK(whole_number && megabytes >= 0 && megabytes <= kLargestSetting,
+              "fused::linear_cross_entropy: expected the environment variable FUSED_OPS_LOGITS_CHUNK_MB to be a "
+              "whole number of megabytes from 0 to ", kLargestSetting,
+              " (the memory of one chunk of logits; 0 or unset: the op's own choice), but got '", setting, "'");
+  return megabytes * kMegabyte;
 }
 
 // At most an eighth of the whole logits, held between 120 MB and 512 MB, and at most an eighth of the
@@ -38,7 +52,8 @@ inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int6
   const int64_t whole = rows * row_bytes;
   int64_t budget = std::clamp<int64_t>(whole / 8, kSmallestChunkBytes, kLargestChunkBytes);
   budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
-  if (requested_chunk_bytes() > 0) budget = requested_chunk_bytes();
+  const int64_t requested = requested_chunk_bytes();
+  if (requested > 0) budget = requested;
   int64_t largest = std::max<int64_t>(1, budget / row_bytes);
   if (largest > 64) largest = largest / 64 * 64;
   if (largest >= rows) return std::max<int64_t>(1, rows);

@@ -70,14 +70,11 @@ def _last_dim_size(module: str, normalized_shape: Union[int, List[int], Tuple[in
     return int(shape[0])
 
 
-def _machine_epsilon(dtype: torch.dtype) -> float:
-    """torch.finfo(dtype).eps, written out because TorchScript has no torch.finfo."""
+def _default_rms_norm_eps(dtype: torch.dtype) -> float:
+    """What torch.nn.RMSNorm(eps=None) adds: the machine epsilon of the type it computes in, float32 for
+    float16/bfloat16/float32 and float64 for float64 (written out because TorchScript has no torch.finfo)."""
     if dtype == torch.float64:
         return 2.220446049250313e-16
-    if dtype == torch.float16:
-        return 0.0009765625
-    if dtype == torch.bfloat16:
-        return 0.0078125
     return 1.1920928955078125e-07
 
 
@@ -104,7 +101,9 @@ class _Norm(torch.nn.Module):
 
 class RMSNorm(_Norm):
     """Drop-in for `torch.nn.RMSNorm(normalized_shape)` over the last dim: `eps=None` means
-    `torch.finfo(x.dtype).eps`, as there. The weight may be float32 while x is float16/bfloat16
+    the machine epsilon of the type the norm computes in, as there: `torch.finfo(torch.float32).eps`
+    for float16, bfloat16 and float32 x, `torch.finfo(torch.float64).eps` for float64. The weight may be
+    float32 while x is float16/bfloat16
     (mixed precision); the output has x's dtype."""
 
     def __init__(self, normalized_shape, eps: Optional[float] = None, elementwise_affine: bool = True,
@@ -113,7 +112,7 @@ class RMSNorm(_Norm):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        eps = self.eps if self.eps is not None else _machine_epsilon(x.dtype)
+        eps = self.eps if self.eps is not None else _default_rms_norm_eps(x.dtype)
         return torch.ops.fused.rms_norm(x, self.weight, eps)
 
     def extra_repr(self) -> str:
@@ -124,7 +123,7 @@ class AddRMSNorm(RMSNorm):
     """`h = x + residual`, then RMSNorm of h; returns `(out, h)` (h is the next residual)."""
 
     def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
-        eps = self.eps if self.eps is not None else _machine_epsilon(x.dtype)
+        eps = self.eps if self.eps is not None else _default_rms_norm_eps(x.dtype)
         return torch.ops.fused.add_rms_norm(x, residual, self.weight, eps)
 
 
