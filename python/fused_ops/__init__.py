@@ -68,7 +68,8 @@ _check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gelu_mul, layer_norm,  # noqa: E402
-                   linear_cross_entropy, relu_add, rms_norm, rotary_embedding, silu_mul, silu_mul_linear)
+                   linear_cross_entropy, linear_log_probs, relu_add, rms_norm, rotary_embedding, silu_mul,
+                   silu_mul_linear)
 from . import nn  # noqa: E402
 from ._fuse import fuse  # noqa: E402
 from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
@@ -93,6 +94,7 @@ __all__ = [
     "add_layer_norm",
     "rotary_embedding",
     "linear_cross_entropy",
+    "linear_log_probs",
     "fuse",
     "nn",
 ]
