@@ -71,7 +71,7 @@ def training_step(function, x, weight, target, token_weights, return_entropy, ke
 def float64_reference(x, weight, target, token_weights, return_entropy, chunk=1024):
     """Both results and both gradients in float64, the logits chunk by chunk on the GPU."""
     x64, weight64 = x.double(), weight.double()
-    log_probs = torch.zeros(x.shape[0], dtype=torch.float64, device="cuda")
+    log_probs = torch.zeros(x.shape[0], dtype=torch.float64, device=x.device)
     entropy = torch.zeros_like(log_probs)
     grad_x = torch.empty_like(x64)
     grad_weight = torch.zeros_like(weight64)
