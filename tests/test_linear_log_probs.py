@@ -185,9 +185,13 @@ def test_opcheck(device, dtype, requires_grad, return_entropy):
              [True, False, True]))
 
 
-def test_compile_fullgraph_dynamic_forward_and_backward(device):
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy):
     def step(x, weight, target, bias, advantages):
-        log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=True)
+        result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=return_entropy)
+        if not return_entropy:
+            return (advantages * result).sum()
+        log_probs, entropy = result
         return (advantages * log_probs).sum() - 0.01 * entropy.sum()
     compiled = torch.compile(step, fullgraph=True, dynamic=True)
     for rows in (5, 9):
