@@ -1,5 +1,5 @@
 """Benchmark linear_log_probs, forward + backward, against the eager code it replaces and torch.compile of
-that code, in one run on one GPU (bf16; about 4 minutes on an H200).
+that code, in one run on one GPU (bf16; the three default shapes are sized to take a few minutes).
 
 The eager code is `log_softmax(linear(x, w).float() / T).gather(...)` and the entropy
 `-(softmax * log_softmax).sum(-1)`; the loss weighs each token's log-probability and entropy by random
