@@ -62,6 +62,11 @@ const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
 const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double,
                            StringOption, double, GradientMask)>
     linear_cross_entropy_backward_op{"fused::linear_cross_entropy_backward"};
+const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool)>
+    linear_log_probs_op{"fused::linear_log_probs"};
+const FusedOp<ThreeTensors(const OptionalTensor&, const OptionalTensor&, TensorRef, TensorRef, TensorRef,
+                           const OptionalTensor&, double, int64_t, GradientMask)>
+    linear_log_probs_backward_op{"fused::linear_log_probs_backward"};
 
 // The gradients of relu_add's x and y, from the mask its forward saved (when x needed a gradient)
 // and y's sizes.
@@ -566,17 +571,52 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   }
 };
 
-// The gradient ops of linear_cross_entropy are not differentiable: an error where a graph would be needed.
+// linear_log_probs. The per-row weights of both outputs (advantages, ratios, KL terms) are known only in
+// the backward, which recomputes the logits chunk by chunk. An output whose gradient is absent (unused
+// in the loss, or the entropy not asked for) costs nothing in the row kernel.
+class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
+                               const at::Tensor& target, const OptionalTensor& bias, double temperature,
+                               int64_t ignore_index, bool return_entropy) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    const GradientMask mask = {input.requires_grad(), weight.requires_grad(), requires_grad(bias)};
+    ctx->saved_data["options"] = c10::IValue(std::make_tuple(temperature, ignore_index, return_entropy));
+    ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));
+    ctx->save_for_backward({input, weight, target, bias.has_value() ? *bias : at::Tensor()});
+    ctx->set_materialize_grads(false);
+    auto [log_probs, entropy] = linear_log_probs_op(input, weight, target, bias, temperature, ignore_index, return_entropy);
+    if (!return_entropy) ctx->mark_non_differentiable({entropy});
+    return {log_probs, entropy};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    TORCH_CHECK(!at::GradMode::is_enabled(), "fused::linear_log_probs: double backward (create_graph=True) is "
+                "not supported: the op's gradients are not differentiable");
+    const auto [temperature, ignore_index, return_entropy] =
+        ctx->saved_data["options"].to<std::tuple<double, int64_t, bool>>();
+    const c10::List<bool> mask_list = ctx->saved_data["mask"].toBoolList();
+    const GradientMask mask = {mask_list[0], mask_list[1], mask_list[2]};
+    const OptionalTensor grad_log_probs = grad_outputs[0].defined() ? OptionalTensor(grad_outputs[0]) : std::nullopt;
+    const OptionalTensor grad_entropy =
+        return_entropy && grad_outputs[1].defined() ? OptionalTensor(grad_outputs[1]) : std::nullopt;
+    const variable_list saved = ctx->get_saved_variables();
+    const OptionalTensor bias = saved[3].defined() ? OptionalTensor(saved[3]) : std::nullopt;
+    auto [grad_input, grad_weight, grad_bias] = linear_log_probs_backward_op(
+        grad_log_probs, grad_entropy, saved[0], saved[1], saved[2], bias, temperature, ignore_index, mask);
+    return {mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor(),
+            mask[2] ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The gradient ops of the LM-head ops are not differentiable: an error where a graph would be needed.
 template <const auto& kOp, typename Signature = typename std::decay_t<decltype(kOp)>::Signature>
 struct NotDifferentiable;
 
 template <const auto& kOp, typename Return, typename... Args>
 struct NotDifferentiable<kOp, Return(Args...)> {
   static Return call(Args... args) {
-    const bool backward = static_cast<const void*>(&kOp) == static_cast<const void*>(&linear_cross_entropy_backward_op);
-    TORCH_CHECK(!records_gradient(args...), "fused::",
-                backward ? "linear_cross_entropy_backward" : "linear_cross_entropy_with_gradients",
-                ": not differentiable (linear_cross_entropy has no double backward)");
+    TORCH_CHECK(!records_gradient(args...), kOp.name(), ": not differentiable (its forward op has no double backward)");
     return kOp.below_autograd(args...);
   }
 };
@@ -615,4 +655,6 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("linear_cross_entropy_with_gradients",
          &NotDifferentiable<linear_cross_entropy_with_gradients_op>::call);
   m.impl("linear_cross_entropy_backward", &NotDifferentiable<linear_cross_entropy_backward_op>::call);
+  m.impl("linear_log_probs", &AutogradKernel<LinearLogProbsFunction, linear_log_probs_op>::call);
+  m.impl("linear_log_probs_backward", &NotDifferentiable<linear_log_probs_backward_op>::call);
 }

@@ -34,6 +34,8 @@ class FusedOp<Return(Args...)> {
     return handle_->call(args...);
   }
 
+  const char* name() const { return name_; }
+
   // The backend's kernel, with no graph recorded.
   Return below_autograd(Args... args) const {
     at::AutoDispatchBelowADInplaceOrView below;

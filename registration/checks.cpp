@@ -306,11 +306,12 @@ void check_rotary_arguments(const char* op, const at::Tensor& q, const at::Tenso
               " or 1 in dim 0");
 }
 
-CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const at::Tensor& input,
-                                                         const at::Tensor& weight, const at::Tensor& target,
-                                                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
-                                                         double label_smoothing, c10::string_view reduction,
-                                                         double softcap) {
+namespace {
+
+// What linear_cross_entropy and linear_log_probs take alike: input [..., H] floating, weight [V, H] and
+// bias [V] of input's dtype, target int64 of input's leading shape, one device.
+void check_linear_head_arguments(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                                 const at::Tensor& target, const std::optional<at::Tensor>& bias) {
   check_floating(op, "input", input);
   check_same_dtype(op, "weight", weight, "input", input);
   check_same_device(op, "weight", weight, "input", input);
@@ -325,6 +326,16 @@ CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const a
               ": expected target of input's leading shape ", input.sym_sizes().slice(0, input.dim() - 1),
               ", but got ", target.sym_sizes());
   check_linear_bias(op, bias, weight, "V = weight.size(0)", "input", input);
+}
+
+}  // namespace
+
+CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const at::Tensor& input,
+                                                         const at::Tensor& weight, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& bias, int64_t ignore_index,
+                                                         double label_smoothing, c10::string_view reduction,
+                                                         double softcap) {
+  check_linear_head_arguments(op, input, weight, target, bias);
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "fused::", op,
               ": expected label_smoothing in [0, 1], but got ", label_smoothing);
   TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), "fused::", op,
@@ -354,6 +365,33 @@ void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at:
   TORCH_CHECK(per_row ? grad_loss.sym_sizes() == target.sym_sizes() : grad_loss.dim() == 0, "fused::", op,
               ": expected grad_loss of the loss's shape ", per_row ? target.sym_sizes() : c10::SymIntArrayRef(),
               ", but got ", grad_loss.sym_sizes());
+}
+
+LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                                                 const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                                                 double temperature, int64_t ignore_index, bool return_entropy) {
+  check_linear_head_arguments(op, input, weight, target, bias);
+  TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature), "fused::", op,
+              ": expected temperature > 0 and finite, but got ", temperature);
+  LogProbsOptions options;
+  options.temperature = temperature;
+  options.ignore_index = ignore_index;
+  options.return_entropy = return_entropy;
+  return options;
+}
+
+void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
+                                      const std::optional<at::Tensor>& grad_entropy, const at::Tensor& input,
+                                      const at::Tensor& target) {
+  const char* op = "linear_log_probs_backward";
+  for (const auto& [name, gradient] : {std::make_pair("grad_log_probs", &grad_log_probs),
+                                       std::make_pair("grad_entropy", &grad_entropy)}) {
+    if (!gradient->has_value() || !(*gradient)->defined()) continue;
+    const at::Tensor& tensor = **gradient;
+    check_floating(op, name, tensor);
+    check_same_device(op, name, tensor, "input", input);
+    check_same_shape(op, name, tensor, "target", target);
+  }
 }
 
 }  // namespace fused_ops

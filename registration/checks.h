@@ -8,6 +8,7 @@
 #include "../ops/activations/gated_mul.h"
 #include "../ops/activations/math.h"
 #include "../ops/cross_entropy/linear_cross_entropy.h"
+#include "../ops/cross_entropy/linear_log_probs.h"
 
 namespace fused_ops {
 
@@ -83,5 +84,15 @@ CrossEntropyOptions check_linear_cross_entropy_arguments(const char* op, const a
 // grad_loss: floating, on input's device, of the loss's shape ([] or, for 'none', target's).
 void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at::Tensor& input,
                                           const at::Tensor& target, const CrossEntropyOptions& options);
+
+// linear_log_probs and its backward: input, weight, target and bias as for linear_cross_entropy;
+// temperature > 0 and finite. Returns the options. Target values are checked by the kernels.
+LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                                                 const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                                                 double temperature, int64_t ignore_index, bool return_entropy);
+// grad_log_probs and grad_entropy (each may be absent): floating, on input's device, of target's shape.
+void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
+                                      const std::optional<at::Tensor>& grad_entropy, const at::Tensor& input,
+                                      const at::Tensor& target);
 
 }  // namespace fused_ops

@@ -5,6 +5,7 @@
 #include "../ops/activations/gelu_mul.h"
 #include "../ops/activations/silu_mul.h"
 #include "../ops/cross_entropy/linear_cross_entropy.h"
+#include "../ops/cross_entropy/linear_log_probs.h"
 #include "../ops/elementwise/relu_add.h"
 #include "../ops/norms/norm.h"
 #include "../ops/rotary/rotary.h"
@@ -37,4 +38,7 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("linear_cross_entropy", &linear_cross_entropy_entry<CrossEntropy>);
   m.impl("linear_cross_entropy_with_gradients", &linear_cross_entropy_with_gradients_entry<CrossEntropy>);
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_entry<CrossEntropy>);
+  using LogProbs = LinearLogProbsKernels<log_probs_cpu_backend>;
+  m.impl("linear_log_probs", &linear_log_probs_entry<LogProbs>);
+  m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LogProbs>);
 }

@@ -177,6 +177,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_ent
   return Kernels::backward(grad_loss, input, weight, target, bias, options, output_mask);
 }
 
+// linear_log_probs' kernels take the options checked: `Kernels` is LinearLogProbsKernels<backend>
+// (ops/cross_entropy/linear_log_probs.h) or the Meta kernels.
+template <typename Kernels>
+std::tuple<at::Tensor, at::Tensor> linear_log_probs_entry(const at::Tensor& input, const at::Tensor& weight,
+                                                          const at::Tensor& target, const std::optional<at::Tensor>& bias,
+                                                          double temperature, int64_t ignore_index, bool return_entropy) {
+  const LogProbsOptions options = check_linear_log_probs_arguments("linear_log_probs", input, weight, target, bias,
+                                                                   temperature, ignore_index, return_entropy);
+  return Kernels::forward(input, weight, target, bias, options);
+}
+
+template <typename Kernels>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_log_probs_backward_entry(
+    const std::optional<at::Tensor>& grad_log_probs, const std::optional<at::Tensor>& grad_entropy,
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
+    double temperature, int64_t ignore_index, std::array<bool, 3> output_mask) {
+  const LogProbsOptions options = check_linear_log_probs_arguments("linear_log_probs_backward", input, weight, target,
+                                                                   bias, temperature, ignore_index, false);
+  check_linear_log_probs_gradients(grad_log_probs, grad_entropy, input, target);
+  return Kernels::backward(grad_log_probs, grad_entropy, input, weight, target, bias, options, output_mask);
+}
+
 // silu_mul_linear has one implementation for every backend (the composite registration).
 inline at::Tensor silu_mul_linear_entry(const at::Tensor& x, const at::Tensor& weight,
                                         const std::optional<at::Tensor>& bias) {

@@ -101,5 +101,22 @@ class MatmulLinearCrossEntropy(torch.nn.Module):
                 self.row_losses(hidden, self.head, self.target, self.head_bias))
 
 
+class MatmulLinearLogProbs(torch.nn.Module):
+    """A projection, then an LM head of 11 classes: each row's log-probability of its target at a
+    temperature (one target ignored) and the entropy."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(7)
+        self.weight = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.head = torch.nn.Parameter(torch.randn(11, 16, generator=generator) / 4)
+        self.head_bias = torch.nn.Parameter(torch.randn(11, generator=generator))
+        self.register_buffer("target", torch.tensor([3, 0, 10, -100, 7, 7, 1, 5]))
+
+    def forward(self, x, y):
+        hidden = (x @ self.weight) * y
+        return torch.ops.fused.linear_log_probs(hidden, self.head, self.target, self.head_bias, 0.8, -100, True)
+
+
 MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms,
-          "rotary": MatmulRotary, "cross_entropy": MatmulLinearCrossEntropy}
+          "rotary": MatmulRotary, "cross_entropy": MatmulLinearCrossEntropy, "log_probs": MatmulLinearLogProbs}

@@ -187,6 +187,42 @@ def linear_cross_entropy_on_dtensors(device):
                 torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
 
 
+def linear_log_probs_on_dtensors(device):
+    """linear_log_probs on rows sharded on each leading dim with the head replicated: both results come
+    out sharded like the target, with no communication. Values and the gradients of input, weight and
+    bias through both results against the full tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2 * ranks, 3 * ranks, 8, generator=generator, dtype=torch.float64).to(device)
+    weight = torch.randn(11, 8, generator=generator, dtype=torch.float64).to(device)
+    bias = torch.randn(11, generator=generator, dtype=torch.float64).to(device)
+    target = torch.randint(0, 11, (2 * ranks, 3 * ranks), generator=generator)
+    target[0, 1] = -100
+    target = target.to(device)
+    leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
+    expected = fused_ops.linear_log_probs(leaves[0], leaves[1], target, leaves[2], temperature=0.7,
+                                          return_entropy=True)
+    grads = [torch.randn(target.shape, generator=generator, dtype=torch.float64).to(device) for _ in range(2)]
+    expected_grads = torch.autograd.grad(expected, leaves, grads)
+    for dim in (0, 1):
+        inputs = [distribute_tensor(x, mesh, [Shard(dim)]).requires_grad_(True),
+                  distribute_tensor(weight, mesh, [Replicate()]).requires_grad_(True),
+                  distribute_tensor(bias, mesh, [Replicate()]).requires_grad_(True)]
+        outs = fused_ops.linear_log_probs(inputs[0], inputs[1], distribute_tensor(target, mesh, [Shard(dim)]),
+                                          inputs[2], temperature=0.7, return_entropy=True)
+        for out, want in zip(outs, expected):
+            assert list(out.placements) == [Shard(dim)], out.placements
+            torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(outs, inputs, [distribute_tensor(g, mesh, [Shard(dim)]) for g in grads])
+        for value, want in zip(got, expected_grads):
+            torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def silu_mul_linear_on_dtensors(device):
     """silu_mul_linear on rows sharded on each leading dim (weight replicated) and on a replicated x
     with the weight sharded on its output rows: the placements its rules give, with no communication,

@@ -75,6 +75,11 @@ def test_linear_cross_entropy_on_dtensors(device):
 
 
 @pytest.mark.parametrize("device", devices(2))
+def test_linear_log_probs_on_dtensors(device):
+    spawn(2, device, "linear_log_probs_on_dtensors")
+
+
+@pytest.mark.parametrize("device", devices(2))
 def test_silu_mul_linear_on_dtensors(device):
     spawn(2, device, "silu_mul_linear_on_dtensors")
 

@@ -13,6 +13,7 @@
 #include <map>
 #include <mutex>
 
+#include "../common/cuda_block_merge.cuh"
 #include "../common/cuda_launch.cuh"
 #include "../common/vector.cuh"
 #include "launch_plan.h"
@@ -53,32 +54,15 @@ struct SoftmaxState {
     sum_exp = sum_exp * exp(max - merged) + other.sum_exp * exp(other.max - merged);
     max = merged;
   }
-};
 
-template <typename opmath_t>
-__device__ __forceinline__ SoftmaxState<opmath_t> shuffle_state(const SoftmaxState<opmath_t>& state, int offset) {
-  SoftmaxState<opmath_t> other;
-  other.max = __shfl_xor_sync(0xffffffffu, state.max, offset);
-  other.sum_exp = __shfl_xor_sync(0xffffffffu, state.sum_exp, offset);
-  other.sum_z = __shfl_xor_sync(0xffffffffu, state.sum_z, offset);
-  return other;
-}
-
-// The whole block's state, in every thread.
-template <typename opmath_t>
-__device__ SoftmaxState<opmath_t> block_softmax_state(SoftmaxState<opmath_t> state) {
-  __shared__ SoftmaxState<opmath_t> warps[kRowThreads / 32];
-  for (int offset = 16; offset > 0; offset /= 2) state.merge(shuffle_state(state, offset));
-  if (threadIdx.x % 32 == 0) warps[threadIdx.x / 32] = state;
-  __syncthreads();
-  state = threadIdx.x < kRowThreads / 32 ? warps[threadIdx.x] : SoftmaxState<opmath_t>{};
-  if (threadIdx.x < 32) {
-    for (int offset = 16; offset > 0; offset /= 2) state.merge(shuffle_state(state, offset));
-    if (threadIdx.x == 0) warps[0] = state;
+  __device__ __forceinline__ SoftmaxState shuffled(int offset) const {
+    SoftmaxState other;
+    other.max = __shfl_xor_sync(0xffffffffu, max, offset);
+    other.sum_exp = __shfl_xor_sync(0xffffffffu, sum_exp, offset);
+    other.sum_z = __shfl_xor_sync(0xffffffffu, sum_z, offset);
+    return other;
   }
-  __syncthreads();
-  return warps[0];
-}
+};
 
 template <typename scalar_t, bool kVectorized>
 __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEntropyRows p) {
@@ -113,7 +97,7 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEn
   for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
     state.add(soft_capped(static_cast<opmath_t>(z[j]), softcap));
   }
-  state = block_softmax_state(state);
+  state = block_merged<kRowThreads>(state);
   const opmath_t log_sum_exp = state.max + log(state.sum_exp);
   const opmath_t smoothing = static_cast<opmath_t>(p.label_smoothing);
   const opmath_t classes = static_cast<opmath_t>(p.classes);

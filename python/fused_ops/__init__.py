@@ -68,7 +68,7 @@ _check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gated_mul, gated_mul_linear, gelu_mul,  # noqa: E402
-                   layer_norm, linear_cross_entropy, relu_add, rms_norm, rotary_embedding, silu_mul,
+                   layer_norm, linear_cross_entropy, linear_log_probs, relu_add, rms_norm, rotary_embedding, silu_mul,
                    silu_mul_linear)
 from . import nn  # noqa: E402
 from .patching import fuse, FusionReport  # noqa: E402
@@ -96,6 +96,7 @@ __all__ = [
     "add_layer_norm",
     "rotary_embedding",
     "linear_cross_entropy",
+    "linear_log_probs",
     "fuse",
     "FusionReport",
     "nn",

@@ -1,5 +1,5 @@
 """Typed wrappers over `torch.ops.fused.*` (same semantics, docstrings and type hints)."""
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -18,6 +18,7 @@ _layer_norm = torch.ops.fused.layer_norm.default
 _add_layer_norm = torch.ops.fused.add_layer_norm.default
 _rotary_embedding = torch.ops.fused.rotary_embedding.default
 _linear_cross_entropy = torch.ops.fused.linear_cross_entropy.default
+_linear_log_probs = torch.ops.fused.linear_log_probs.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -133,3 +134,22 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, bias: Op
     "sum" the gradients are computed in the forward, so one backward per forward.
     """
     return _linear_cross_entropy(input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap)
+
+
+def linear_log_probs(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None, *,
+                     temperature: float = 1.0, ignore_index: int = -100,
+                     return_entropy: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Per-token log-probabilities (and entropy) of an LM head without the [N, V] logits in memory:
+    with `z = F.linear(input, weight, bias) / temperature`, `log_softmax(z).gather(-1, target)` and, with
+    `return_entropy`, `-(softmax(z) * log_softmax(z)).sum(-1)`.
+
+    input [..., H] (the final hidden states), weight [V, H] as nn.Linear stores it (`lm_head.weight`),
+    bias [V] or None, all of one dtype (float32, float16, bfloat16 or float64); target int64 of input's
+    leading shape with values in [0, V) or `ignore_index`; temperature > 0. Both results are float32
+    (float64 for float64 input) of target's shape and 0 on ignored rows. Returns `log_probs`, or
+    `(log_probs, entropy)` with `return_entropy=True`. Differentiable in input, weight and bias through
+    both results with any per-token weights (advantages, ratios, KL terms); the backward recomputes the
+    logits chunk by chunk (no double backward).
+    """
+    log_probs, entropy = _linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy)
+    return (log_probs, entropy) if return_entropy else log_probs

@@ -22,6 +22,9 @@ halves, is gathered on that dim first).
   the target); the mean divides by the count of rows not ignored over all ranks, so it runs
   replicated. Its gradient ops give the input's gradient sharded like the input and the weight's and
   bias's `Partial`.
+- `linear_log_probs` runs on input rows (and target) sharded on any leading dim with the weight and bias
+  replicated: both results come out sharded like the target. Its backward takes the results' gradients
+  sharded so and gives the input's gradient sharded like the input and the weight's and bias's `Partial`.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -245,6 +248,26 @@ def _linear_cross_entropy_rules(input, bias, reduction, output_mask=None, grad_l
     return rules
 
 
+def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None, gradients=None):
+    """linear_log_probs (output_mask None: the two results) or its backward (`gradients`: the specs of
+    grad_log_probs and grad_entropy, None where absent). Rows shard on a leading dim with the head
+    replicated; the entropy not asked for is an empty tensor, replicated; so are gradients not asked for."""
+    Partial, Replicate, Shard = _placements()
+    head = [Replicate(), None if bias is None else Replicate()]
+
+    def rule(row, parameter_gradient):
+        if output_mask is None:
+            outputs = [row, row if return_entropy else Replicate()]
+            return outputs, [row, head[0], row, head[1], None, None, None]
+        outputs = [placement if asked else Replicate()
+                   for placement, asked in zip((row, parameter_gradient, parameter_gradient), output_mask)]
+        grads = [None if spec is None else row for spec in gradients]
+        return outputs, grads + [row, head[0], row, head[1], None, None, None]
+    rules = [rule(Replicate(), Replicate())]
+    rules += [rule(Shard(d), Partial()) for d in range(input.ndim - 1)]
+    return rules
+
+
 def _tensor(spec):
     return spec, False
 
@@ -311,4 +334,10 @@ def _register_once():
     rule(ops.linear_cross_entropy_backward)(
         lambda grad_loss, input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, output_mask:
         _linear_cross_entropy_rules(input, bias, reduction, output_mask, grad_loss))
+    rule(ops.linear_log_probs)(
+        lambda input, weight, target, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False:
+        _linear_log_probs_rules(input, bias, return_entropy))
+    rule(ops.linear_log_probs_backward)(
+        lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask:
+        _linear_log_probs_rules(input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy)))
     return True

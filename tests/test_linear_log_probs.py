@@ -1,0 +1,308 @@
+"""linear_log_probs on every dtype and device: the log-probabilities, the entropy and the gradients of
+input, weight and bias through both, for random signed per-token weights, against F.linear +
+log_softmax in float64; temperatures, ignored rows, bias on and off, several chunks, modes and bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import fused_ops
+from conftest import TOLERANCE, assert_bad_input_rejected
+from op_specs import largest_logit, linear_log_probs_reference as reference
+
+
+def make_inputs(leading, hidden, classes, dtype, device, bias=True, ignored=0.125, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(*leading, hidden, generator=generator).to(dtype=dtype, device=device)
+    weight = (torch.randn(classes, hidden, generator=generator) / hidden ** 0.5 * 2).to(dtype=dtype, device=device)
+    target = torch.randint(0, classes, leading, generator=generator)
+    target = target.masked_fill(torch.rand(leading, generator=generator) < ignored, -100).to(device)
+    b = torch.randn(classes, generator=generator).to(dtype=dtype, device=device) if bias else None
+    return x, weight, target, b
+
+
+def check(x, weight, target, bias, dtype, temperature=1.0, return_entropy=True, seed=1, uses=(True, True)):
+    """Both results and every gradient against float64, for random signed weights on the results that
+    `uses` says the loss takes (log-probabilities, entropy)."""
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias) if t is not None]
+    result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=temperature, return_entropy=return_entropy)
+    outputs = result if return_entropy else (result,)
+    leaves64 = [t.detach().double().requires_grad_(True) for t in leaves]
+    bias64 = leaves64[2] if bias is not None else None
+    expected = reference(leaves64[0], leaves64[1], target, bias64, temperature, -100, return_entropy)
+    expected = expected if return_entropy else expected[:1]
+    output_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    zeros = torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
+    scale = largest_logit((leaves64[0], leaves64[1], target, bias64 if bias64 is not None else zeros)) / min(1, temperature)
+    tolerance = TOLERANCE[dtype] * 4
+    for out, want in zip(outputs, expected, strict=True):
+        assert out.shape == target.shape and out.dtype == output_dtype
+        torch.testing.assert_close(out.double().cpu(), want.detach().cpu(), rtol=tolerance, atol=tolerance * scale)
+    generator = torch.Generator().manual_seed(seed)
+    used = [i for i, use in enumerate(uses[:len(outputs)]) if use]
+    weights = [torch.randn(target.shape, generator=generator, dtype=torch.float64) for _ in used]
+    grads = torch.autograd.grad([outputs[i] for i in used], leaves,
+                                [w.to(output_dtype).to(x.device) for w in weights])
+    want_grads = torch.autograd.grad([expected[i] for i in used], leaves64, [w.to(x.device) for w in weights])
+    for grad, want, leaf in zip(grads, want_grads, leaves):
+        assert grad.shape == leaf.shape and grad.dtype == leaf.dtype
+        torch.testing.assert_close(grad.double().cpu(), want.cpu(), rtol=tolerance, atol=tolerance * scale)
+
+
+# (leading dims, H, V): one row, V of 1 and 3, GPT-2's odd vocabulary, 3-D input, a 1-D input, no rows.
+SHAPES = [((1,), 8, 1), ((5,), 16, 3), ((9,), 24, 50257), ((2, 3), 16, 40), ((), 8, 7), ((0,), 8, 5)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{'x'.join(map(str, s[0])) or 'row'}-{s[1]}-{s[2]}")
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_values_and_gradients(device, dtype, shape, return_entropy):
+    leading, hidden, classes = shape
+    x, weight, target, bias = make_inputs(leading, hidden, classes, dtype, device)
+    check(x, weight, target, bias, dtype, 0.7, return_entropy)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_temperature_and_no_bias(device, dtype, temperature, bias):
+    x, weight, target, b = make_inputs((13,), 16, 29, dtype, device, bias=bias)
+    check(x, weight, target, b, dtype, temperature)
+
+
+@pytest.mark.parametrize("uses", [(True, False), (False, True)], ids=["log_probs_only", "entropy_only"])
+def test_gradient_through_one_result(device, dtype, uses):
+    """A loss of one result alone: the other's gradient is absent, not zeros of the logits' size."""
+    x, weight, target, bias = make_inputs((11,), 16, 23, dtype, device)
+    check(x, weight, target, bias, dtype, 1.3, uses=uses)
+
+
+def test_every_row_ignored(device):
+    x, weight, target, bias = make_inputs((6,), 8, 5, torch.float32, device, ignored=1.0)
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, return_entropy=True)
+    assert torch.count_nonzero(log_probs) == 0 and torch.count_nonzero(entropy) == 0
+    for grad in torch.autograd.grad((log_probs + entropy).sum(), leaves):
+        assert torch.count_nonzero(grad) == 0
+
+
+def test_ignore_index_other_than_the_default(device):
+    x, weight, target, bias = make_inputs((10,), 8, 6, torch.float64, device, ignored=0.0)
+    target[::3] = 4
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, ignore_index=4, return_entropy=True)
+    want = reference(x, weight, target, bias, ignore_index=4, return_entropy=True)
+    torch.testing.assert_close(log_probs, want[0])
+    torch.testing.assert_close(entropy, want[1])
+    assert torch.count_nonzero(log_probs[::3]) == 0
+
+
+def test_wrapper_returns_one_or_two_results(device):
+    x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+    alone = fused_ops.linear_log_probs(x, weight, target)
+    assert isinstance(alone, torch.Tensor) and alone.shape == (4,)
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, return_entropy=True)
+    torch.testing.assert_close(log_probs, alone)
+    assert torch.ops.fused.linear_log_probs(x, weight, target)[1].shape == (0,)
+
+
+def test_masked_classes_have_no_nan(device):
+    """Classes masked with a bias of -inf have probability 0: they add nothing to the entropy or its
+    gradient (p log p there is 0, not NaN)."""
+    x, weight, target, bias = make_inputs((6,), 8, 9, torch.float32, device, ignored=0.0)
+    bias[::2] = float("-inf")
+    target = torch.full_like(target, 1)
+    x.requires_grad_(True)
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, return_entropy=True)
+    kept = reference(x.double(), weight.double()[1::2], target.new_zeros(6), bias.double()[1::2], return_entropy=True)
+    torch.testing.assert_close(log_probs.double(), kept[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropy.double(), kept[1], rtol=1e-5, atol=1e-5)
+    grad, = torch.autograd.grad((log_probs + entropy).sum(), x)
+    assert torch.isfinite(grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_several_chunks(device, dtype, monkeypatch):
+    """With a 1 MB chunk, 300 rows of 2000 classes take several chunks (ops/cross_entropy/launch_plan.h):
+    the weight's gradient adds up across them and each chunk's rows land in their own place."""
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")
+    x, weight, target, bias = make_inputs((300,), 8, 2000, dtype, device)
+    check(x, weight, target, bias, dtype, 0.8)
+
+
+@pytest.mark.parametrize("wanted", ["input", "weight", "bias"])
+def test_only_some_inputs_need_gradients(device, wanted):
+    """A frozen head (gradient of the input only), a frozen body (weight only), a bias alone."""
+    x, weight, target, bias = make_inputs((7,), 8, 11, torch.float64, device)
+    tensors = {"input": x, "weight": weight, "bias": bias}
+    tensors[wanted].requires_grad_(True)
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, return_entropy=True)
+    grad, = torch.autograd.grad((log_probs - 0.1 * entropy).sum(), tensors[wanted])
+    copies = {name: t.detach().clone().requires_grad_(name == wanted) for name, t in tensors.items()}
+    want_log_probs, want_entropy = reference(copies["input"], copies["weight"], target, copies["bias"],
+                                             return_entropy=True)
+    want, = torch.autograd.grad((want_log_probs - 0.1 * want_entropy).sum(), copies[wanted])
+    torch.testing.assert_close(grad, want)
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_gradcheck(device, bias, return_entropy):
+    x, weight, target, b = make_inputs((4,), 3, 5, torch.float64, device, bias=bias)
+    target[1] = -100
+    leaves = [t.requires_grad_(True) for t in (x, weight, b) if t is not None]
+
+    def function(*tensors):
+        result = fused_ops.linear_log_probs(tensors[0], tensors[1], target, tensors[2] if bias else None,
+                                            temperature=0.8, return_entropy=return_entropy)
+        return result
+    assert torch.autograd.gradcheck(function, leaves)
+
+
+def test_double_backward_is_an_error(device):
+    x, weight, target, bias = make_inputs((4,), 3, 5, torch.float64, device)
+    x.requires_grad_(True)
+    log_probs = fused_ops.linear_log_probs(x, weight, target, bias)
+    with pytest.raises(RuntimeError, match="fused::linear_log_probs: double backward"):
+        torch.autograd.grad(log_probs.sum(), x, create_graph=True)
+
+
+def test_backward_op_is_not_differentiable(device):
+    x, weight, target, bias = make_inputs((4,), 3, 5, torch.float64, device)
+    grad = torch.randn(4, dtype=torch.float64, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="fused::linear_log_probs_backward: not differentiable"):
+        torch.ops.fused.linear_log_probs_backward(grad, None, x, weight, target, bias, 1.0, -100, [True, True, True])
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_opcheck(device, dtype, requires_grad, return_entropy):
+    x, weight, target, bias = make_inputs((5,), 8, 7, dtype, device)
+    for t in (x, weight, bias):
+        t.requires_grad_(requires_grad)
+    opcheck(torch.ops.fused.linear_log_probs.default, (x, weight, target, bias, 0.7, -100, return_entropy))
+    detached = [t.detach() for t in (x, weight)]
+    gradients = torch.randn(5, device=device), torch.randn(5, device=device)
+    opcheck(torch.ops.fused.linear_log_probs_backward.default,
+            (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
+             [True, False, True]))
+
+
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy):
+    def step(x, weight, target, bias, advantages):
+        result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=return_entropy)
+        if not return_entropy:
+            return (advantages * result).sum()
+        log_probs, entropy = result
+        return (advantages * log_probs).sum() - 0.01 * entropy.sum()
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    for rows in (5, 9):
+        x, weight, target, bias = make_inputs((rows,), 8, 11, torch.float32, device)
+        advantages = torch.randn(rows, device=device)
+        leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+        got = torch.autograd.grad(compiled(x, weight, target, bias, advantages), leaves)
+        want = torch.autograd.grad(step(x, weight, target, bias, advantages), leaves)
+        for grad, expected in zip(got, want):
+            torch.testing.assert_close(grad, expected)
+
+
+class PolicyLogProbs(torch.nn.Module):
+    def forward(self, x, weight, target):
+        return torch.ops.fused.linear_log_probs(x, weight, target, None, 0.7, -100, True)
+
+
+def test_export_keeps_one_node(device):
+    x, weight, target, _ = make_inputs((6,), 8, 11, torch.float32, device)
+    exported = torch.export.export(PolicyLogProbs(), (x, weight, target))
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    assert targets.count(torch.ops.fused.linear_log_probs.default) == 1
+    for got, want in zip(exported.module()(x, weight, target), PolicyLogProbs()(x, weight, target)):
+        torch.testing.assert_close(got, want)
+
+
+def test_torchscript_save_load_with_backward(device, tmp_path):
+    module = PolicyLogProbs()
+    torch.jit.script(module).save(str(tmp_path / "log_probs.pt"))
+    loaded = torch.jit.load(str(tmp_path / "log_probs.pt"))
+    x, weight, target, _ = make_inputs((6,), 8, 11, torch.float32, device)
+    x.requires_grad_(True)
+    got = loaded(x, weight, target)
+    want = module(x, weight, target)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(torch.autograd.grad(sum(t.sum() for t in got), x)[0],
+                               torch.autograd.grad(sum(t.sum() for t in want), x)[0])
+
+
+@pytest.mark.cuda_only
+def test_peak_memory_holds_one_chunk_not_the_logits(monkeypatch):
+    """Forward and backward hold one chunk of logits at a time: 4096 rows x 32000 classes would be
+    512 MB of float32 logits; with 16 MB chunks the peak above the inputs, gradients included (18 MB),
+    stays far below that."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "16")
+    x, weight, target, _ = make_inputs((4096,), 256, 32000, torch.bfloat16, "cuda")
+    x.requires_grad_(True)
+    weight.requires_grad_(True)
+    advantages = torch.randn(4096, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, return_entropy=True)
+    torch.autograd.backward([log_probs, entropy], [advantages, -advantages])
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - baseline
+    assert extra < 64 << 20, f"{extra / 2**20:.0f} MB above the inputs"
+
+
+def bad_linear_log_probs_inputs(device):
+    def make(**overrides):
+        x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device, ignored=0.0)
+        arguments = {"input": x, "weight": weight, "target": target, "bias": bias, "temperature": 1.0,
+                     "ignore_index": -100, "return_entropy": True}
+        arguments.update(overrides)
+        return lambda: torch.ops.fused.linear_log_probs(*arguments.values())
+    op = "fused::linear_log_probs: "
+    cases = [
+        (make(target=torch.tensor([0, 6, 1, 2], device=device)),
+         op + "expected target values in [0, 6) or ignore_index (-100), but got 6"),
+        (make(target=torch.tensor([0, -1, 1, 2], device=device)), op + "expected target values in [0, 6) or ignore_index (-100), but got -1"),
+        (make(temperature=0.0), op + "expected temperature > 0 and finite, but got 0"),
+        (make(temperature=-1.0), op + "expected temperature > 0 and finite, but got -1"),
+        (make(temperature=float("inf")), op + "expected temperature > 0 and finite, but got inf"),
+        (make(target=torch.zeros(4, device=device)), op + "expected target to be int64 class indices, but got Float"),
+        (make(target=torch.zeros(3, dtype=torch.long, device=device)),
+         op + "expected target of input's leading shape [4], but got [3]"),
+        (make(weight=torch.randn(6, 7, device=device)),
+         op + "expected weight [V, H] with V >= 1 and H = input.size(-1) = 8, but got shape [6, 7]"),
+        (make(weight=torch.randn(6, 8, device=device, dtype=torch.float64)),
+         op + "expected weight to have the same dtype as input (Float), but got Double"),
+        (make(bias=torch.randn(6, device=device, dtype=torch.float16)),
+         op + "expected bias to have the same dtype as input (Float), but got Half"),
+        (make(bias=torch.randn(5, device=device)), op + "expected bias to be 1-D of size V = weight.size(0) = 6, but got shape [5]"),
+        (make(input=torch.randn((), device=device)), op + "expected input [..., H] to have at least one dim"),
+        (make(input=torch.randint(0, 3, (4, 8), device=device)),
+         op + "expected input to be float64, float32, float16 or bfloat16, but got Long"),
+    ]
+    if device == "cuda":
+        cases.append((make(target=torch.zeros(4, dtype=torch.long)),
+                      op + "expected target to be on the same device as input (cuda:0), but got cpu"))
+        cases.append((make(weight=torch.randn(6, 8)),
+                      op + "expected weight to be on the same device as input (cuda:0), but got cpu"))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(15))
+@pytest.mark.absent(lambda device, case: case >= len(bad_linear_log_probs_inputs(device)))
+def test_bad_inputs(device, case):
+    assert_bad_input_rejected(bad_linear_log_probs_inputs(device), case)
+
+
+def test_bad_gradients_of_the_backward(device):
+    x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+    with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected grad_entropy to have the shape of "
+                                           r"target \[4\], but got \[3\]"):
+        torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), torch.ones(3, device=device), x, weight,
+                                                  target, bias, 1.0, -100, [True, True, True])
+    with pytest.raises(RuntimeError, match="linear_log_probs_backward: expected grad_log_probs to be float64, float32"):
+        torch.ops.fused.linear_log_probs_backward(torch.ones(4, dtype=torch.long, device=device), None, x, weight,
+                                                  target, bias, 1.0, -100, [True, True, True])
