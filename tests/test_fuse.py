@@ -340,3 +340,31 @@ def test_gradient_checkpointing_and_compile_before_fuse():
         assert_gradients_match_stock(getattr(model, "_orig_mod", model), stock)
     assert compiled.fused_ops_report.counts()["gated_mlp"] == 2
     torch._dynamo.reset()
+
+
+def test_constants_around_the_layer_and_head_are_proven_not_assumed():
+    """Granite with a residual multiplier and a logits scaling of a real checkpoint: the head's scale is
+    a variant the probe proves; the Llama-shaped residual + norm forward would drop the multiplier, so the
+    layer is left alone. Gemma 2's final-logit softcap goes to the op. The stock loss and gradients."""
+    import hf_families
+    config = hf_families.tiny_config("granite")
+    config.logits_scaling, config.residual_multiplier, config.embedding_multiplier = 8.0, 0.22, 12.0
+    torch.manual_seed(0)
+    granite = transformers.AutoModelForCausalLM.from_config(config)
+    reports = {}
+    for name, stock in (("granite", granite), ("gemma2", hf_families.build("gemma2"))):
+        fused = fused_ops.fuse(copy.deepcopy(stock))
+        reports[name] = fused.fused_ops_report
+        entries = {e.kind: e for e in fused.fused_ops_report.entries}
+        assert entries["lm_head_loss"].swapped, fused.fused_ops_report
+        ids = hf_families.batch(stock)
+        want, got = stock(input_ids=ids, labels=ids).loss, fused(input_ids=ids, labels=ids).loss
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        want.backward()
+        got.backward()
+        assert_gradients_match_stock(fused, stock)
+    granite_entries = reports["granite"].entries
+    assert any(e.kind == "lm_head_loss" and "logit_scale=0.125" in e.detail for e in granite_entries)
+    layers = [e for e in granite_entries if e.kind == "residual_norm"]
+    assert layers and not any(e.swapped for e in layers)
+    assert any(e.kind == "lm_head_loss" and "softcap=30.0" in e.detail for e in reports["gemma2"].entries)

@@ -1,5 +1,9 @@
 """The causal LM's head + loss when training with labels: linear_cross_entropy, without the logits.
 
+What families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
+Granite's `1 / logits_scaling`), taken on the rows before the product, and a final-logit softcap
+(Gemma 2 and 3), which the op applies.
+
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
 """
@@ -21,6 +25,7 @@ _PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_
 @forward_builder("lm_head_loss")
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
+    logit_scale, softcap = options["logit_scale"], options["softcap"]
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -40,8 +45,11 @@ def _causal_lm_forward(base, options):
         if shift_labels is None:
             shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
         rows, weight, bias = as_autocast_runs_linear(hidden_states, self.lm_head.weight, self.lm_head.bias)
+        if logit_scale != 1.0:  # (rows * s) @ W^T = s * logits; a bias would be scaled too
+            rows = rows * logit_scale
         loss = _ops.linear_cross_entropy(rows, weight, shift_labels.to(hidden_states.device), bias,
-                                         reduction="mean" if num_items_in_batch is None else "sum")
+                                         reduction="mean" if num_items_in_batch is None else "sum",
+                                         softcap=softcap)
         if num_items_in_batch is not None:
             loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
                            else num_items_in_batch)
@@ -85,7 +93,17 @@ class LMHeadLossRule(Rule):
         output = context.captured_output(module)
         if output is None or not hasattr(output, "logits"):
             raise LeftAlone("the probe forward gave no output with logits")
-        return [(("output_class", type(output)),)]
+        config = getattr(module, "config", None)
+        softcap = getattr(config, "final_logit_softcapping", None)
+        softcap = float(softcap) if isinstance(softcap, (int, float)) and softcap > 0 else 0.0
+        scales = [1.0]
+        logits_scaling = getattr(config, "logits_scaling", None)
+        for scale in (getattr(module, "logit_scale", None), 1.0 / logits_scaling if _positive(logits_scaling) else None):
+            if _positive(scale) and scale not in scales:
+                scales.append(float(scale))
+        if module.lm_head.bias is not None:
+            scales = [1.0]  # a scale taken on the rows would scale the bias too
+        return [(("logit_scale", scale), ("output_class", type(output)), ("softcap", softcap)) for scale in scales]
 
     def verify(self, module, fused_cls, context):
         base_output = context.captured_output(module.model)
@@ -108,6 +126,10 @@ class LMHeadLossRule(Rule):
                 probe.verify(module, fused_cls, probe.Inputs(make, None), select=_all_but_logits)
         finally:
             module._modules["model"] = base
+
+
+def _positive(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
 
 
 def _all_but_logits(output):
