@@ -1,12 +1,24 @@
-"""What structure cannot tell, by `config.model_type`: the fusions a family is known to get (the family
-test holds fuse() to them). A new family is a row here and a row in the family test."""
+"""What each family is known to get, by `config.model_type`: the family test holds fuse() to these sets,
+so a family that loses a fusion fails it. A new family is a row here and a row in the family test.
+Where structure cannot tell a variant, the probe tells it (patching/probe.py), not this table."""
 
-LLAMA_KIN = {"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_loss", "causal_mask"}
+LLAMA_KIN = frozenset({"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_loss", "causal_mask"})
+# Llama-shaped, but a decoder layer with more norms than the Llama layer's two.
+EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
+# (1 + weight) RMSNorms, which the norm ops cannot take yet.
+GEMMA = frozenset({"gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
+# Experts and the router's loss are not fused.
+MOE = frozenset({"norm", "rotary", "causal_mask"})
 
-# model_type -> the kinds every such model gets.
 EXPECTED_FUSIONS = {
-    "llama": LLAMA_KIN,
-    "mistral": LLAMA_KIN,
-    "qwen2": LLAMA_KIN,
-    "qwen3": LLAMA_KIN,
+    "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
+    "smollm3": LLAMA_KIN, "granite": LLAMA_KIN, "hunyuan_v1_dense": LLAMA_KIN,
+    "glm4": EXTRA_NORMS - {"rotary"},  # GLM's rotary takes half-size tables it repeats: not the op's layout
+    "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": EXTRA_NORMS, "exaone4": EXTRA_NORMS,
+    "cohere": EXTRA_NORMS,
+    "gemma": GEMMA, "gemma2": GEMMA, "gemma3_text": GEMMA,
+    "nemotron": frozenset({"rotary", "lm_head_loss", "causal_mask"}),  # LayerNorm1P's (1 + weight)
+    "mixtral": MOE, "qwen3_moe": MOE,
+    "hunyuan_v1_moe": MOE | {"gated_mlp", "lm_head_loss"},
+    "gpt_oss": frozenset({"norm", "causal_mask"}),
 }

@@ -40,14 +40,6 @@ def fused_kind(module) -> str:
     return getattr(type(module), "_fused_ops_kind", None)
 
 
-def stock_class(module) -> type:
-    """The class `module` had before any swap."""
-    cls = type(module)
-    while "_fused_ops_kind" in cls.__dict__:
-        cls = cls.__bases__[0]
-    return cls
-
-
 def swap(module, kind: str, options: tuple) -> None:
     module.__class__ = fused_class(type(module), kind, options)
 

@@ -3,7 +3,7 @@ the Llama shape: norm, attention, residual add, norm, MLP, residual add."""
 import torch
 
 from ... import _ops
-from ..swap import forward_builder, fused_kind, stock_class
+from ..swap import forward_builder, fused_kind
 from . import LeftAlone, Rule
 
 _LAYER_CHILDREN = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
@@ -51,8 +51,6 @@ class ResidualNormRule(Rule):
             raise LeftAlone("its post-attention norm is not a proven RMSNorm")
         if set(module._modules) != _LAYER_CHILDREN:
             raise LeftAlone(f"it has more than the Llama layer's parts: {sorted(set(module._modules) - _LAYER_CHILDREN)}")
-        if stock_class(module) is not type(module):
-            raise LeftAlone("it is already swapped")
         return [(("eps", options["eps"]),)]
 
     def inputs(self, module, context):
