@@ -368,3 +368,24 @@ def test_constants_around_the_layer_and_head_are_proven_not_assumed():
     layers = [e for e in granite_entries if e.kind == "residual_norm"]
     assert layers and not any(e.swapped for e in layers)
     assert any(e.kind == "lm_head_loss" and "softcap=30.0" in e.detail for e in reports["gemma2"].entries)
+
+
+def test_moe_head_leaves_the_router_loss_to_the_stock_forward():
+    """Mixtral's head + loss is fused; asked for the router's auxiliary loss, the stock forward runs and
+    adds it (or fails as the stock model does: the tiny model records no router logits)."""
+    import hf_families
+    stock = hf_families.build("mixtral")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    assert fused.fused_ops_report.counts()["lm_head_loss"] == 1
+    ids = hf_families.batch(stock)
+    for kwargs in ({}, {"output_router_logits": True}):
+        outcomes = []
+        for model in (stock, fused):
+            try:
+                outcomes.append(model(input_ids=ids, labels=ids, **kwargs).loss)
+            except Exception as error:
+                outcomes.append(f"{type(error).__name__}: {error}")
+        if torch.is_tensor(outcomes[0]):
+            torch.testing.assert_close(outcomes[1], outcomes[0], rtol=1e-5, atol=1e-6)
+        else:
+            assert outcomes[1] == outcomes[0]

@@ -1,5 +1,5 @@
 """fuse() on every causal-LM family transformers ships that builds from a tiny config, fused or not:
-the stock loss and every gradient in training, the stock logits in eval mode, the same Parameter
+the stock loss and every gradient in training, the stock logits and hidden states in eval mode, the same Parameter
 objects and state-dict keys, and a model that pickles and deep-copies. The test of "never wrong" is the families nobody wrote a rule for."""
 import copy
 import io
@@ -90,6 +90,13 @@ def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type)
     with torch.no_grad():
         for other in (loaded, copy.deepcopy(fused)):
             assert torch.equal(other.eval()(input_ids=ids).logits, fused(input_ids=ids).logits)
+    # transformers records hidden states by the model's class: the fused classes record them too. (Its
+    # recording hooks are local functions: neither model pickles after this.)
+    with torch.no_grad():
+        want, got = (model(input_ids=ids, output_hidden_states=True) for model in (stock, fused))
+    assert (got.hidden_states is None) == (want.hidden_states is None)
+    for layer, (got_hidden, want_hidden) in enumerate(zip(got.hidden_states or (), want.hidden_states or ())):
+        assert_close_relative(got_hidden, want_hidden, 1e-4, f"{model_type} hidden states {layer}")
 
 
 def test_enough_families_are_tested():

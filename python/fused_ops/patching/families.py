@@ -7,8 +7,8 @@ LLAMA_KIN = frozenset({"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_
 EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
 # (1 + weight) RMSNorms, which the norm ops cannot take yet.
 GEMMA = frozenset({"gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
-# Experts and the router's loss are not fused.
-MOE = frozenset({"norm", "rotary", "causal_mask"})
+# Experts are not fused; a head asked for the router's loss runs the stock forward.
+MOE = frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"})
 
 EXPECTED_FUSIONS = {
     "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
@@ -19,6 +19,6 @@ EXPECTED_FUSIONS = {
     "gemma": GEMMA, "gemma2": GEMMA, "gemma3_text": GEMMA,
     "nemotron": frozenset({"rotary", "lm_head_loss", "causal_mask"}),  # LayerNorm1P's (1 + weight)
     "mixtral": MOE, "qwen3_moe": MOE,
-    "hunyuan_v1_moe": MOE | {"gated_mlp", "lm_head_loss"},
-    "gpt_oss": frozenset({"norm", "causal_mask"}),
+    "hunyuan_v1_moe": MOE | {"gated_mlp"},
+    "gpt_oss": frozenset({"norm", "lm_head_loss", "causal_mask"}),
 }

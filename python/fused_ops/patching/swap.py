@@ -42,6 +42,17 @@ def fused_kind(module) -> str:
 
 def swap(module, kind: str, options: tuple) -> None:
     module.__class__ = fused_class(type(module), kind, options)
+    _keep_output_recording(module)
+
+
+def _keep_output_recording(module):
+    """transformers finds what a model records (hidden states, attentions, router logits) by str(its
+    class), registered when an instance is built: the fused class records what its base class does."""
+    recording = sys.modules.get("transformers.utils.output_capturing")
+    registry = getattr(recording, "_CAN_RECORD_REGISTRY", None)
+    base = str(type(module).__bases__[0])
+    if registry is not None and base in registry:
+        registry[str(type(module))] = registry[base]
 
 
 def _reduce_fused(self, protocol):
@@ -53,7 +64,9 @@ def _reduce_fused(self, protocol):
 
 def _restore_fused(base, kind, options):
     cls = fused_class(base, kind, options)
-    return cls.__new__(cls)
+    module = cls.__new__(cls)
+    _keep_output_recording(module)
+    return module
 
 
 _rebound_modules = itertools.count()

@@ -17,9 +17,11 @@ from .. import probe
 from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear
 from . import LeftAlone, Rule
 
-# The causal-LM forward whose arguments this rule knows (Llama's and its copies').
+# The causal-LM forwards whose arguments this rule knows: Llama's and its copies', and the MoE families'
+# with `output_router_logits` (whose router loss the stock forward adds: those calls stay stock).
 _PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
                "use_cache", "logits_to_keep", "kwargs"]
+_MOE_PARAMETERS = _PARAMETERS[:8] + ["output_router_logits"] + _PARAMETERS[8:]
 
 
 @forward_builder("lm_head_loss")
@@ -30,12 +32,17 @@ def _causal_lm_forward(base, options):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
         shift_labels = kwargs.get("shift_labels")
-        if not (self.training and (labels is not None or shift_labels is not None)) or not is_plain_linear(self.lm_head):
+        router_loss = kwargs.get("output_router_logits")
+        if router_loss is None:
+            router_loss = getattr(getattr(self, "config", None), "output_router_logits", False)
+        if (not (self.training and (labels is not None or shift_labels is not None)) or router_loss
+                or not is_plain_linear(self.lm_head)):
             return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
                          use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("shift_labels", None)
+        kwargs.pop("output_router_logits", None)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              **kwargs)
@@ -86,7 +93,7 @@ class LMHeadLossRule(Rule):
     def variants(self, module, context):
         if "model" not in module._modules:
             raise LeftAlone("its base model is not at .model")
-        if _parameters(module) != _PARAMETERS:
+        if _parameters(module) not in (_PARAMETERS, _MOE_PARAMETERS):
             raise LeftAlone(f"its forward's arguments are not the Llama-shaped causal LM's: {_parameters(module)}")
         if not isinstance(module.lm_head, torch.nn.Linear):
             raise LeftAlone("its head is not an nn.Linear")
