@@ -191,9 +191,6 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
         state.update({name: b.detach().to("cpu", dtype if b.is_floating_point() else b.dtype)
                       for name, b in module.named_buffers()})
         device = torch.device("cpu")
-    else:
-        dtype, device, state = None, None, {}
-    if random_parameters:
         for training in modes:
             mode = "train" if training else "eval"
             want, want_grads = _run(module, stock_cls, state, inputs, dtype, device, training, select, True)
