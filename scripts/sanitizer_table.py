@@ -34,7 +34,8 @@ def op_names(schemas=os.path.join(ROOT, "registration", "schemas.cpp")):
 
 
 # Files of one op whose test ids need not name it.
-FILE_OPS = {"tests/test_rotary.py": "rotary_embedding", "tests/test_linear_cross_entropy.py": "linear_cross_entropy"}
+FILE_OPS = {"tests/test_rotary.py": "rotary_embedding", "tests/test_linear_cross_entropy.py": "linear_cross_entropy",
+            "tests/test_gated_mul.py": "gated_mul"}
 
 
 def op_of(test_id, ops):
