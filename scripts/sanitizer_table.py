@@ -35,7 +35,8 @@ def op_names(schemas=os.path.join(ROOT, "registration", "schemas.cpp")):
 
 # Files of one op whose test ids need not name it.
 FILE_OPS = {"tests/test_rotary.py": "rotary_embedding", "tests/test_linear_cross_entropy.py": "linear_cross_entropy",
-            "tests/test_linear_log_probs.py": "linear_log_probs"}
+            "tests/test_linear_log_probs.py": "linear_log_probs",
+            "tests/test_gated_mul.py": "gated_mul"}
 
 
 def op_of(test_id, ops):
