@@ -95,3 +95,73 @@ def batch(model, seed=1):
     vocab = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (2, 10), generator=generator)
+
+
+# The families every part of which fuse() runs as fused ops (each with the parts it may leave).
+FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "granite", "glm4", "olmo2", "olmo3",
+               "phi3", "gemma", "gemma2", "gemma3_text", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
+               "qwen3_moe", "hunyuan_v1_moe", "gpt_oss"]
+
+FUSED_OPS_OF_PART = {
+    "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
+    "gated_mlp": {"gated_mul_linear", "gated_mul", "silu_mul_linear", "silu_mul", "gelu_mul"},
+    "rotary": {"rotary_embedding"},
+    "lm_head_loss": {"linear_cross_entropy", "linear_cross_entropy_with_gradients"},
+}
+
+
+def is_norm(module):
+    return not module._modules and "norm" in type(module).__name__.lower()
+
+
+def is_gated_mlp(module):
+    children = set(module._modules)
+    return {"gate_proj", "up_proj", "down_proj"} <= children or {"gate_up_proj", "down_proj"} <= children
+
+
+def fused_op_calls(function):
+    """{op name: calls} of the torch.ops.fused forward ops that `function()` runs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = {}
+
+    class Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "fused":
+                name = func._schema.name.split("::")[-1]
+                calls[name] = calls.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with Counter():
+        function()
+    return calls
+
+
+def stock_part_calls(model, function):
+    """{part: calls} of the stock model's norms, gated MLPs and rotary functions in `function()`, and
+    the head + loss (one call)."""
+    import sys
+    calls = {"norm": 0, "gated_mlp": 0, "rotary": 0, "lm_head_loss": 1}
+    handles = []
+    for module in model.modules():
+        part = "norm" if is_norm(module) else "gated_mlp" if is_gated_mlp(module) else None
+        if part is not None:
+            def hook(*_, part=part):
+                calls[part] += 1
+            handles.append(module.register_forward_hook(hook))
+    modeling = sys.modules[type(model).__module__]
+    stock_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
+
+    def counted_rotary(*args, **kwargs):
+        calls["rotary"] += 1
+        return stock_rotary(*args, **kwargs)
+    if stock_rotary is not None:
+        modeling.apply_rotary_pos_emb = counted_rotary
+    try:
+        function()
+    finally:
+        if stock_rotary is not None:
+            modeling.apply_rotary_pos_emb = stock_rotary
+        for handle in handles:
+            handle.remove()
+    return calls

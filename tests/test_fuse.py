@@ -370,22 +370,50 @@ def test_constants_around_the_layer_and_head_are_proven_not_assumed():
     assert any(e.kind == "lm_head_loss" and "softcap=30.0" in e.detail for e in reports["gemma2"].entries)
 
 
-def test_moe_head_leaves_the_router_loss_to_the_stock_forward():
-    """Mixtral's head + loss is fused; asked for the router's auxiliary loss, the stock forward runs and
-    adds it (or fails as the stock model does: the tiny model records no router logits)."""
+@pytest.mark.parametrize("model_type", ["mixtral", "qwen3_moe", "gpt_oss"])
+def test_moe_head_adds_the_router_loss_to_the_fused_loss(model_type):
+    """The MoE head + loss runs as linear_cross_entropy with and without the router's auxiliary loss; asked
+    for it (in the call or the config), the fused loss adds it as the stock forward does: the same loss,
+    aux_loss, router logits and gradients."""
     import hf_families
-    stock = hf_families.build("mixtral")
+    stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))
     assert fused.fused_ops_report.counts()["lm_head_loss"] == 1
     ids = hf_families.batch(stock)
-    for kwargs in ({}, {"output_router_logits": True}):
-        outcomes = []
+    for kwargs, in_config in (({}, False), ({"output_router_logits": True}, False), ({}, True)):
+        stock.config.output_router_logits = fused.config.output_router_logits = in_config
+        outputs = []
         for model in (stock, fused):
-            try:
-                outcomes.append(model(input_ids=ids, labels=ids, **kwargs).loss)
-            except Exception as error:
-                outcomes.append(f"{type(error).__name__}: {error}")
-        if torch.is_tensor(outcomes[0]):
-            torch.testing.assert_close(outcomes[1], outcomes[0], rtol=1e-5, atol=1e-6)
-        else:
-            assert outcomes[1] == outcomes[0]
+            model.zero_grad(set_to_none=True)
+            output = model(input_ids=ids, labels=ids, **kwargs)
+            output.loss.backward()
+            outputs.append(output)
+        want, got = outputs
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        assert (got.aux_loss is None) == (want.aux_loss is None) == (not kwargs and not in_config)
+        if want.aux_loss is not None:
+            torch.testing.assert_close(got.aux_loss, want.aux_loss, rtol=1e-5, atol=1e-6)
+            assert len(got.router_logits) == len(want.router_logits) == stock.config.num_hidden_layers
+        assert_gradients_match_stock(fused, stock)
+        calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids, **kwargs))
+        assert calls.get("linear_cross_entropy_with_gradients") == 1, calls
+    stock.config.output_router_logits = fused.config.output_router_logits = False
+
+
+@pytest.mark.parametrize("model_type, layout", [("llama", "rotate_half"), ("cohere", "interleaved"),
+                                                ("glm4", "interleaved_half_table"),
+                                                ("gpt_oss", "rotate_half_half_table")])
+def test_rotary_layout_is_the_one_the_probe_proves(model_type, layout):
+    """Each family's rotary tables and pairs (GLM-4's half tables repeated per pair over a partial rotary
+    dim, gpt-oss's half tables) are recognised as such, and the fused attention gives the stock values."""
+    import hf_families
+    stock = hf_families.build(model_type)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    rotary = [e for e in fused.fused_ops_report.entries if e.kind == "rotary"]
+    assert rotary and all(e.swapped and f"layout={layout}," in e.detail for e in rotary), fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    assert_gradients_match_stock(fused, stock)

@@ -102,3 +102,24 @@ def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type)
 def test_enough_families_are_tested():
     testable = [t for t in MODEL_TYPES if hf_families.why_not_testable(t) is None]
     assert len(testable) >= 40, f"only {len(testable)} families build from a tiny config"
+
+
+# Parts a family may keep as they are: Nemotron's MLP is relu², not gated.
+MAY_STAY = {"nemotron": {"gated_mlp"}}
+
+
+@pytest.mark.parametrize("model_type", hf_families.FULLY_FUSED)
+def test_every_part_of_the_family_runs_as_fused_ops(model_type):
+    """One training forward: each norm, gated MLP and rotary embedding the stock model runs, and its
+    head + loss, is one torch.ops.fused call in the fused model."""
+    stock, fused = stock_and_fused(model_type)
+    ids = hf_families.batch(stock)
+    want = hf_families.stock_part_calls(stock, lambda: stock(input_ids=ids, labels=ids))
+    got = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    for part, ops in hf_families.FUSED_OPS_OF_PART.items():
+        if part in MAY_STAY.get(model_type, ()):
+            continue
+        fused_calls = sum(got.get(op, 0) for op in ops)
+        assert fused_calls == want[part], (f"{model_type}: {part}: {fused_calls} fused calls for the stock "
+                                           f"model's {want[part]}; fused ops {got}\n{fused.fused_ops_report}")
+    assert want["norm"] and want["rotary"] or model_type == "nemotron", want

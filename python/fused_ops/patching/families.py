@@ -7,18 +7,18 @@ LLAMA_KIN = frozenset({"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_
 EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
 # (1 + weight) RMSNorms, which the norm ops cannot take yet.
 GEMMA = frozenset({"gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
-# Experts are not fused; a head asked for the router's loss runs the stock forward.
-MOE = frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"})
+# Experts are not fused (gpt-oss's included); the head adds the router's loss when it is asked for.
+MOE = LLAMA_KIN - {"gated_mlp"}
 
 EXPECTED_FUSIONS = {
     "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
     "smollm3": LLAMA_KIN, "granite": LLAMA_KIN, "hunyuan_v1_dense": LLAMA_KIN,
-    "glm4": EXTRA_NORMS - {"rotary"},  # GLM's rotary takes half-size tables it repeats: not the op's layout
+    "glm4": EXTRA_NORMS,
     "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": EXTRA_NORMS, "exaone4": EXTRA_NORMS,
     "cohere": EXTRA_NORMS,
     "gemma": GEMMA, "gemma2": GEMMA, "gemma3_text": GEMMA,
     "nemotron": frozenset({"rotary", "lm_head_loss", "causal_mask"}),  # LayerNorm1P's (1 + weight)
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
-    "gpt_oss": frozenset({"norm", "lm_head_loss", "causal_mask"}),
+    "gpt_oss": MOE,
 }

@@ -2,7 +2,8 @@
 
 What families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
 Granite's `1 / logits_scaling`), taken on the rows before the product, and a final-logit softcap
-(Gemma 2 and 3), which the op applies.
+(Gemma 2 and 3), which the op applies. The MoE families' router loss (`output_router_logits`) is added to
+the fused loss by the family's own `load_balancing_loss_func`, as its stock forward adds it.
 
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
@@ -18,7 +19,7 @@ from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain
 from . import LeftAlone, Rule
 
 # The causal-LM forwards whose arguments this rule knows: Llama's and its copies', and the MoE families'
-# with `output_router_logits` (whose router loss the stock forward adds: those calls stay stock).
+# with `output_router_logits`.
 _PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
                "use_cache", "logits_to_keep", "kwargs"]
 _MOE_PARAMETERS = _PARAMETERS[:8] + ["output_router_logits"] + _PARAMETERS[8:]
@@ -28,6 +29,7 @@ _MOE_PARAMETERS = _PARAMETERS[:8] + ["output_router_logits"] + _PARAMETERS[8:]
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap = options["logit_scale"], options["softcap"]
+    router_loss_function = innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"] else None
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
@@ -35,14 +37,16 @@ def _causal_lm_forward(base, options):
         router_loss = kwargs.get("output_router_logits")
         if router_loss is None:
             router_loss = getattr(getattr(self, "config", None), "output_router_logits", False)
-        if (not (self.training and (labels is not None or shift_labels is not None)) or router_loss
-                or not is_plain_linear(self.lm_head)):
+        if (not (self.training and (labels is not None or shift_labels is not None))
+                or (router_loss and router_loss_function is None) or not is_plain_linear(self.lm_head)):
             return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
                          use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)
         kwargs.pop("shift_labels", None)
         kwargs.pop("output_router_logits", None)
+        if options["router_loss"]:
+            kwargs["output_router_logits"] = bool(router_loss)
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                              **kwargs)
@@ -60,8 +64,14 @@ def _causal_lm_forward(base, options):
         if num_items_in_batch is not None:
             loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
                            else num_items_in_batch)
+        extra = {}
+        if router_loss:
+            aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                                            attention_mask)
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+            extra = dict(aux_loss=aux_loss, router_logits=outputs.router_logits)
         return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                            hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+                            hidden_states=outputs.hidden_states, attentions=outputs.attentions, **extra)
     if stock is not innermost(stock):  # keep the return_dict=False handling of transformers' decorator
         from transformers.utils.generic import can_return_tuple
         forward = can_return_tuple(forward)
@@ -69,14 +79,18 @@ def _causal_lm_forward(base, options):
 
 
 class _HiddenStates(torch.nn.Module):
-    """Stands in for the base model in a probe: returns its `hidden` parameter as the last hidden state."""
+    """Stands in for the base model in a probe: returns its `hidden` parameter as the last hidden state,
+    and its `router_logits` parameters (one per layer) when asked for them."""
 
-    def __init__(self, hidden, output_class):
+    def __init__(self, hidden, output_class, router_logits=()):
         super().__init__()
         self.hidden = torch.nn.Parameter(hidden)
+        self.router_logits = torch.nn.ParameterList(router_logits)
         self.output_class = output_class
 
-    def forward(self, *args, **kwargs):
+    def forward(self, *args, output_router_logits=False, **kwargs):
+        if output_router_logits:
+            return self.output_class(last_hidden_state=self.hidden, router_logits=tuple(self.router_logits))
         return self.output_class(last_hidden_state=self.hidden)
 
 
@@ -110,7 +124,9 @@ class LMHeadLossRule(Rule):
                 scales.append(float(scale))
         if module.lm_head.bias is not None:
             scales = [1.0]  # a scale taken on the rows would scale the bias too
-        return [(("logit_scale", scale), ("output_class", type(output)), ("softcap", softcap)) for scale in scales]
+        router_loss = _has_router_loss(module)
+        return [(("logit_scale", scale), ("output_class", type(output)), ("router_loss", router_loss),
+                 ("softcap", softcap)) for scale in scales]
 
     def verify(self, module, fused_cls, context):
         base_output = context.captured_output(module.model)
@@ -122,17 +138,32 @@ class LMHeadLossRule(Rule):
         hidden = torch.randn(2, 5, width, generator=generator, dtype=torch.float64)
         labels = torch.randint(0, vocab, (2, 5), generator=generator)
         labels[0, :2] = -100
-        stub = _HiddenStates(hidden.to(head.weight.device, head.weight.dtype), type(base_output))
+        options = dict(fused_cls._fused_ops_options)
+        router_logits, extras = (), [{}, {"num_items_in_batch": 7}]
+        if options["router_loss"]:
+            router_logits = [torch.randn(10, module.num_experts, generator=generator, dtype=torch.float64)
+                             .to(head.weight.device, head.weight.dtype) for _ in range(2)]
+            extras += [{"output_router_logits": True}, {"output_router_logits": True, "num_items_in_batch": 7}]
+        stub = _HiddenStates(hidden.to(head.weight.device, head.weight.dtype), type(base_output), router_logits)
         base = module._modules["model"]
         module._modules["model"] = stub
         try:
-            for extra in ({}, {"num_items_in_batch": 7}):
+            for extra in extras:
                 def make(dtype, device, extra=extra):
                     ids = torch.zeros(2, 5, dtype=torch.long, device=device)
                     return (), dict(input_ids=ids, labels=labels.to(device), use_cache=False, **extra)
                 probe.verify(module, fused_cls, probe.Inputs(make, None), select=_all_but_logits)
         finally:
             module._modules["model"] = base
+
+
+def _has_router_loss(module):
+    """A MoE causal LM whose forward adds `load_balancing_loss_func(router_logits, num_experts,
+    num_experts_per_tok, attention_mask)` scaled by `router_aux_loss_coef` (the probe proves it)."""
+    return (_parameters(module) == _MOE_PARAMETERS
+            and callable(innermost(type(module).forward).__globals__.get("load_balancing_loss_func"))
+            and all(isinstance(getattr(module, name, None), (int, float))
+                    for name in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")))
 
 
 def _positive(value):

@@ -1,26 +1,66 @@
 """Rotary embedding inside an attention: its forward, with the global `apply_rotary_pos_emb` it really
-calls bound to the fused op. Which layout (rotate_half or GPT-J's interleaved pairs) is the one the
-probe proves."""
+calls bound to the fused op. Which layout the tables and the rotation have is the one the probe proves:
+  rotate_half               Llama's: pairs (j, j + R/2), tables [.., R] as the rotary module gives them
+  interleaved               GPT-J's pairs (2i, 2i + 1), tables repeated per pair (Cohere)
+  interleaved_half_table    GPT-J's pairs from tables whose first half is repeated per pair (GLM)
+  rotate_half_half_table    Llama's pairs from tables of R/2 (gpt-oss)
+Partial rotary (R below the head size, the rest passed through) is the op's own.
+"""
+import inspect
+
+import torch
+
 from ... import _ops
-from .. import probe
 from ..swap import forward_builder, innermost, with_global
 from . import LeftAlone, Rule
 
 
-def rotary_rotate_half(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    return _ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim)
+def _tables(cos, sin, layout):
+    if layout == "interleaved_half_table":
+        half = cos.shape[-1] // 2
+        return cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1)
+    if layout == "rotate_half_half_table":
+        return torch.cat((cos, cos), dim=-1), torch.cat((sin, sin), dim=-1)
+    return cos, sin
 
 
-def rotary_interleaved(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
-    return _ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved=True)
+def _rotate(q, k, cos, sin, unsqueeze_dim, layout):
+    cos, sin = _tables(cos, sin, layout)
+    return _ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved=layout.startswith("interleaved"))
 
 
-_LAYOUTS = {"rotate_half": rotary_rotate_half, "interleaved": rotary_interleaved}
+# The two signatures transformers' apply_rotary_pos_emb has; the replacement keeps the one it replaces,
+# so positional arguments mean what they meant.
+_SIGNATURES = {
+    ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"): "with_position_ids",
+    ("q", "k", "cos", "sin", "unsqueeze_dim"): "without_position_ids",
+}
+
+
+def _replacement(layout, signature):
+    if signature == "with_position_ids":
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
+    else:
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
+    return apply_rotary_pos_emb
+
+
+LAYOUTS = ("rotate_half", "interleaved", "interleaved_half_table", "rotate_half_half_table")
 
 
 @forward_builder("rotary")
 def _rotary_forward(base, options):
-    return with_global(base.forward, "apply_rotary_pos_emb", _LAYOUTS[options["layout"]])
+    return with_global(base.forward, "apply_rotary_pos_emb", _replacement(options["layout"], options["signature"]))
+
+
+def _signature(function):
+    try:
+        parameters = inspect.signature(innermost(function)).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return _SIGNATURES.get(tuple(p.name for p in parameters))
 
 
 class RotaryRule(Rule):
@@ -36,11 +76,16 @@ class RotaryRule(Rule):
                 yield name, module
 
     def variants(self, module, context):
-        if not callable(innermost(type(module).forward).__globals__.get("apply_rotary_pos_emb")):
+        function = innermost(type(module).forward).__globals__.get("apply_rotary_pos_emb")
+        if not callable(function):
             raise LeftAlone("apply_rotary_pos_emb is not a global function of its forward's module")
+        signature = _signature(function)
+        if signature is None:
+            raise LeftAlone("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin[, position_ids], "
+                            "unsqueeze_dim)")
         if with_global(type(module).forward, "apply_rotary_pos_emb", None) is None:
             raise LeftAlone("its forward's decorators do not hold the function they wrap")
-        return [(("layout", layout),) for layout in _LAYOUTS]
+        return [(("layout", layout), ("signature", signature)) for layout in LAYOUTS]
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
