@@ -386,7 +386,7 @@ VARIANT_COLORS = {"fused": "tab:blue", "eager": "tab:orange", "liger": "tab:gree
 def latest_rows(path, key_fields):
     """The CSV's rows, the last one of each key (the newest run) kept."""
     with open(path, newline="") as file:
-        return list({tuple(row[field] for field in key_fields): row for row in csv.DictReader(file)}.values())
+        return list({tuple(row.get(field) for field in key_fields): row for row in csv.DictReader(file)}.values())
 
 
 def plot_published(results_csv, model_csv, path):
@@ -406,7 +406,9 @@ def plot_published(results_csv, model_csv, path):
                      if key[0] in ops and "compile" in value and "fused" in value]
         workloads.sort(key=lambda item: (ops.index(item[0][0]), item[0][2], item[0][1], item[0][3]))
         panels.append((title, workloads))
-    models = latest_rows(model_csv, ("variant",))
+    # The model panel: the Llama-3.2-1B-shaped rows (rows from before the family column are Llama's).
+    models = [row for row in latest_rows(model_csv, ("family", "layers", "variant"))
+              if row.get("family", "llama3.2-1b") in ("llama3.2-1b", None, "") and row["layers"] == "16"]
     heights = [max(2, len(workloads)) * 0.36 + 1.1 for _, workloads in panels] + [len(models) * 0.36 + 1.1]
     plt.rcParams.update({"font.size": 11})
     figure, axes = plt.subplots(len(heights), 1, figsize=(14, sum(heights)), dpi=100,
@@ -441,7 +443,7 @@ def plot_published(results_csv, model_csv, path):
         speed = float(row["tokens_per_s"]) / baseline if baseline else float(row["tokens_per_s"])
         axis.barh(position, speed, height=0.6,
                   color=VARIANT_COLORS["fused"] if row["variant"].startswith("fused") else
-                  VARIANT_COLORS["liger"] if row["variant"] == "liger" else VARIANT_COLORS["eager"])
+                  VARIANT_COLORS["liger"] if row["variant"].startswith("liger") else VARIANT_COLORS["eager"])
         axis.text(speed * 1.01, position, f"{speed:.2f}×, {int(float(row['tokens_per_s']))} tokens/s, "
                   f"peak {float(row['peak_gb']):.1f} GB", va="center", fontsize=9)
     axis.axvline(1.0, color=VARIANT_COLORS["compile"], linestyle="--")
