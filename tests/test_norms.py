@@ -364,10 +364,11 @@ def test_opcheck(spec, device, dtype, requires_grad):
     grad = random((5, 24), dtype, device)
     grad_residual = random((5, 24), dtype, device) if spec.residual else None
     arguments = [t.requires_grad_(requires_grad) if t is not None else None for t in (grad, h, weight)]
-    opcheck(backward, (*arguments, spec.eps, grad_residual))
+    opcheck(backward, (*arguments, spec.eps, grad_residual, spec.offset))
 
 
 @pytest.mark.parametrize("rows", [1000, 20000])
+@pytest.mark.absent(lambda spec, **_: not (SPECS[spec].weight or SPECS[spec].bias))
 def test_weight_gradient_is_deterministic(spec, device, rows):
     """Weight and bias gradients are bit-identical run to run (no atomics in the sums)."""
     inputs = [t.requires_grad_(True) for t in spec.inputs((rows, 256), torch.bfloat16, device)]
@@ -517,6 +518,23 @@ def test_export_keeps_one_node_each(device):
 # ---------------------------------------------------------------------------------------------
 # Bad input.
 
+def bad_weight_form_inputs(f32, bf16):
+    """(call, message fragment) for each bad weight offset or weight None, tensors from f32 and bf16."""
+    return [
+        (lambda: torch.ops.fused.rms_norm(f32(4, 8), None, 1e-6, 1.0),
+         "fused::rms_norm: expected offset 0.0 when weight is None (offset is added to the weight), but got "
+         "offset 1"),
+        (lambda: torch.ops.fused.layer_norm_backward(f32(4, 8), f32(4, 8), None, 1e-5, None, -0.5),
+         "fused::layer_norm_backward: expected offset 0.0 when weight is None (offset is added to the weight), "
+         "but got offset -0.5"),
+        (lambda: torch.ops.fused.add_layer_norm(bf16(4, 8), bf16(4, 8), None, f32(8)),
+         "fused::add_layer_norm: expected bias to have x's dtype (BFloat16) when weight is None (the unit weight "
+         "the op uses has x's dtype), but got Float"),
+        (lambda: torch.ops.fused.add_rms_norm(f32(4, 8), f32(4, 8), f32(9), 1e-6, 1.0),
+         "fused::add_rms_norm: expected weight to be 1-D of size x.size(-1) = 8, but got shape [9]"),
+    ]
+
+
 def bad_norm_inputs(device):
     """(call, message fragment) for each bad input the norm ops reject."""
     f32 = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
@@ -550,7 +568,7 @@ def bad_norm_inputs(device):
          "fused::rms_norm_backward: expected grad to have the shape of x [4, 8], but got [4, 7]"),
         (lambda: torch.ops.fused.layer_norm_backward(f32(4, 8), f32(4, 8), f32(8), 1e-5, f32(4, 8).double()),
          "fused::layer_norm_backward: expected grad_residual to have the same dtype as x (Float), but got Double"),
-    ]
+    ] + bad_weight_form_inputs(f32, bf16)
     if device == "cuda":
         cases.append((lambda: torch.ops.fused.rms_norm(f32(4, 8), torch.randn(8)),
                       "fused::rms_norm: expected weight to be on the same device as x (cuda:0), but got cpu"))
@@ -559,7 +577,7 @@ def bad_norm_inputs(device):
     return cases
 
 
-@pytest.mark.parametrize("case", range(16))
+@pytest.mark.parametrize("case", range(20))
 @pytest.mark.absent(lambda device, case: case >= len(bad_norm_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_norm_inputs(device), case)
