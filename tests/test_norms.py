@@ -24,6 +24,12 @@ def spec(request):
     return SPECS[request.param]
 
 
+def weight_form_on_the_cpu(spec, device, **_):
+    """On the CPU one loop serves every shape, so the weight forms' cases (offset, weight None) run the
+    many-shape tests on CUDA only, where shapes pick kernels; test_norm_weight_forms.py covers the CPU."""
+    return device == "cpu" and SPECS[spec].weight_form != "weight"
+
+
 def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
     expected = spec.reference(*inputs)
     assert len(outs) == len(expected)
@@ -36,6 +42,7 @@ def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
 
 @pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (3, 5, 7), (64, 129), (16, 256), (2, 8192),
                                    (1100, 2048), (1200, 4096), (200, 8192), (1030, 6144)])
+@pytest.mark.absent.with_args(weight_form_on_the_cpu)
 def test_values(spec, device, dtype, shape):
     """The last three reach the CUDA forward's one-, two- and four-pack blocks of many rows (1024+
     rows: blocks of 256; 129-1023 rows: blocks of up to 512); decode-sized shapes use two packs only
@@ -138,7 +145,7 @@ def test_nan_and_inf_follow_eager(spec, device):
 
 
 @pytest.mark.parametrize("shape", [(2, 8192), (1200, 4096), (200, 8192)])
-@pytest.mark.absent(lambda spec, **_: not SPECS[spec].residual)
+@pytest.mark.absent(lambda spec, **_: not SPECS[spec].residual or SPECS[spec].weight_form != "weight")
 def test_residual_out_is_the_eager_sum_at_every_magnitude(spec, device, dtype, shape):
     """residual_out equals eager's x + residual bit for bit, subnormals to overflow included; the
     shapes reach the CUDA forward's one-, two- and four-pack kernels."""
@@ -238,6 +245,7 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 @pytest.mark.absent.with_args(absent_gradient_case)
+@pytest.mark.absent.with_args(weight_form_on_the_cpu)
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
