@@ -5,9 +5,9 @@
 
 #include "../ops/activations/gated_mul_linear.h"
 #include "../ops/activations/silu_mul_linear.h"
-#include "../ops/norms/norm.h"
 #include "autograd.h"
 #include "autograd_losses.h"
+#include "autograd_norms.h"
 #include "checks.h"
 
 namespace fused_ops {
@@ -42,15 +42,6 @@ const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, const OptionalTensor&,
     "fused::gated_mul_linear"};
 const FusedOp<FourTensors(TensorRef, TensorRef, TensorRef, TensorRef, StringOption, GatedLinearMask)>
     gated_mul_linear_backward_op{"fused::gated_mul_linear_backward"};
-const FusedOp<at::Tensor(TensorRef, TensorRef, double)> rms_norm_op{"fused::rms_norm"};
-const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double)> add_rms_norm_op{"fused::add_rms_norm"};
-const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> rms_norm_backward_op{
-    "fused::rms_norm_backward"};
-const FusedOp<at::Tensor(TensorRef, TensorRef, const OptionalTensor&, double)> layer_norm_op{"fused::layer_norm"};
-const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double)> add_layer_norm_op{
-    "fused::add_layer_norm"};
-const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, double, const OptionalTensor&)> layer_norm_backward_op{
-    "fused::layer_norm_backward"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_op{
     "fused::rotary_embedding"};
 const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, int64_t, bool)> rotary_embedding_backward_op{
@@ -302,149 +293,6 @@ FourTensors gated_mul_linear_backward_autograd(const at::Tensor& grad, const at:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Norms. Forwards save h (x, or residual_out of the add variants) and weight; the backward ops
-// recompute the statistics from h.
-
-
-OptionalTensor defined_or_none(const at::Tensor& tensor) {
-  return tensor.defined() ? OptionalTensor(tensor) : std::nullopt;
-}
-
-// Gradients of h (= x) and weight (and bias) given the gradients of out and of h itself (the
-// residual_out of the add variants; undefined when unused). Returns {grad_h, grad_weight, grad_bias}.
-template <NormKind kKind>
-variable_list norm_gradients(const at::Tensor& grad_out, const at::Tensor& grad_h_output, const at::Tensor& h,
-                             const at::Tensor& weight, double eps) {
-  if (!grad_out.defined()) return {grad_h_output, at::Tensor(), at::Tensor()};
-  if constexpr (kKind == NormKind::RMS) {
-    auto [grad_h, grad_weight] = rms_norm_backward_op(grad_out, h, weight, eps, defined_or_none(grad_h_output));
-    return {grad_h, grad_weight, at::Tensor()};
-  } else {
-    auto [grad_h, grad_weight, grad_bias] =
-        layer_norm_backward_op(grad_out, h, weight, eps, defined_or_none(grad_h_output));
-    return {grad_h, grad_weight, grad_bias};
-  }
-}
-
-class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, weight});
-    ctx->saved_data["eps"] = eps;
-    return rms_norm_op(x, weight, eps);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    auto grads = norm_gradients<NormKind::RMS>(grad_outputs[0], at::Tensor(), saved[0], saved[1],
-                                               ctx->saved_data["eps"].toDouble());
-    return {grads[0], grads[1], at::Tensor()};
-  }
-};
-
-class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
- public:
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                            const OptionalTensor& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->save_for_backward({x, weight});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    return layer_norm_op(x, weight, bias, eps);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    auto grads = norm_gradients<NormKind::Layer>(grad_outputs[0], at::Tensor(), saved[0], saved[1],
-                                                 ctx->saved_data["eps"].toDouble());
-    return {grads[0], grads[1], ctx->saved_data["has_bias"].toBool() ? grads[2] : at::Tensor(), at::Tensor()};
-  }
-};
-
-// add_rms_norm and add_layer_norm: out and residual_out = h; the gradient of h (from out, plus
-// whatever reached residual_out) is the gradient of both x and residual.
-class AddRmsNormFunction : public torch::autograd::Function<AddRmsNormFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
-                               const at::Tensor& weight, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, h] = add_rms_norm_op(x, residual, weight, eps);
-    ctx->save_for_backward({h, weight});
-    ctx->saved_data["eps"] = eps;
-    ctx->set_materialize_grads(false);  // an unused output's gradient stays undefined, not zeros
-    return {out, h};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    auto grads = norm_gradients<NormKind::RMS>(grad_outputs[0], grad_outputs[1], saved[0], saved[1],
-                                               ctx->saved_data["eps"].toDouble());
-    return {grads[0], grads[0], grads[1], at::Tensor()};
-  }
-};
-
-class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
- public:
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& residual,
-                               const at::Tensor& weight, const OptionalTensor& bias, double eps) {
-    at::AutoDispatchBelowADInplaceOrView below_autograd;
-    auto [out, h] = add_layer_norm_op(x, residual, weight, bias, eps);
-    ctx->save_for_backward({h, weight});
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
-    ctx->set_materialize_grads(false);
-    return {out, h};
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const auto saved = ctx->get_saved_variables();
-    auto grads = norm_gradients<NormKind::Layer>(grad_outputs[0], grad_outputs[1], saved[0], saved[1],
-                                                 ctx->saved_data["eps"].toDouble());
-    return {grads[0], grads[0], grads[1], ctx->saved_data["has_bias"].toBool() ? grads[2] : at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-// The norm backward ops through differentiable aten math (double backward), statistics in
-// float32 (float64 for float64) like the kernels. Returns {grad_x, grad_weight, grad_bias}.
-ThreeTensors norm_backward_composite(NormKind kind, const at::Tensor& grad, const at::Tensor& x,
-                                     const at::Tensor& weight, double eps, const OptionalTensor& grad_residual) {
-  const auto compute_type = x.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor h = x.to(compute_type);
-  const at::Tensor g = grad.to(compute_type);
-  const at::Tensor centered = kind == NormKind::Layer ? h - h.mean(-1, true) : h;
-  const at::Tensor rstd = at::rsqrt(centered.pow(2).mean(-1, true) + eps);
-  const at::Tensor n = centered * rstd;
-  const at::Tensor gw = g * weight.to(compute_type);
-  at::Tensor grad_x = gw - n * (gw * n).mean(-1, true);
-  if (kind == NormKind::Layer) grad_x = grad_x - gw.mean(-1, true);
-  grad_x = rstd * grad_x;
-  if (grad_residual.has_value() && grad_residual->defined()) grad_x = grad_x + grad_residual->to(compute_type);
-  std::vector<int64_t> leading(x.dim() - 1);
-  std::iota(leading.begin(), leading.end(), 0);
-  auto sum_rows = [&](const at::Tensor& t) { return (leading.empty() ? t : t.sum(leading)).to(weight.scalar_type()); };
-  return {grad_x.to(x.scalar_type()), sum_rows(g * n), sum_rows(g)};
-}
-
-TwoTensors rms_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                                      double eps, const OptionalTensor& grad_residual) {
-  if (records_gradient(grad, x, weight, grad_residual)) {
-    auto [grad_x, grad_weight, grad_bias] = norm_backward_composite(NormKind::RMS, grad, x, weight, eps, grad_residual);
-    return {grad_x, grad_weight};
-  }
-  return rms_norm_backward_op.below_autograd(grad, x, weight, eps, grad_residual);
-}
-
-ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
-                                          double eps, const OptionalTensor& grad_residual) {
-  if (records_gradient(grad, x, weight, grad_residual)) {
-    return norm_backward_composite(NormKind::Layer, grad, x, weight, eps, grad_residual);
-  }
-  return layer_norm_backward_op.below_autograd(grad, x, weight, eps, grad_residual);
-}
-
-// ---------------------------------------------------------------------------------------------
 // RoPE. Both ops are linear in q and k (in grad_q and grad_k) and transposes of each other, so each
 // one's gradient is the other; cos and sin come from a position table and get none.
 
@@ -502,6 +350,7 @@ struct NotDifferentiable<kOp, Return(Args...)> {
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   using namespace fused_ops::lm_head_autograd;
+  using namespace fused_ops::norm_autograd;
   using namespace fused_ops;
   m.impl("relu_add", &AutogradKernel<ReluAddFunction, relu_add_op>::call);
   m.impl("relu_add_backward", &AutogradKernel<ReluAddBackwardFunction<relu_add_backward_op>, relu_add_backward_op>::call);

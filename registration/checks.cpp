@@ -232,8 +232,9 @@ void check_norm_parameter(const char* op, const char* arg, const at::Tensor& par
 
 }  // namespace
 
-void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, double eps) {
+void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual,
+                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                          double offset) {
   check_floating(op, "x", x);
   TORCH_CHECK(x.dim() >= 1, "fused::", op, ": expected x to have at least one dim (normalised over the last), "
               "but got a 0-d tensor");
@@ -242,18 +243,24 @@ void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor*
     check_same_device(op, "residual", *residual, "x", x);
     check_same_shape(op, "residual", *residual, "x", x);
   }
-  check_norm_parameter(op, "weight", weight, x);
+  const bool has_weight = weight.has_value() && weight->defined();
+  if (has_weight) check_norm_parameter(op, "weight", *weight, x);
+  TORCH_CHECK(has_weight || offset == 0.0, "fused::", op, ": expected offset 0.0 when weight is None (offset is ",
+              "added to the weight), but got offset ", offset);
   if (bias.has_value() && bias->defined()) {
     check_norm_parameter(op, "bias", *bias, x);
-    check_same_dtype(op, "bias", *bias, "weight", weight);
+    if (has_weight) check_same_dtype(op, "bias", *bias, "weight", *weight);
+    TORCH_CHECK(has_weight || bias->scalar_type() == x.scalar_type(), "fused::", op, ": expected bias to have x's ",
+                "dtype (", x.scalar_type(), ") when weight is None (the unit weight the op uses has x's dtype), ",
+                "but got ", bias->scalar_type());
   }
   TORCH_CHECK(eps >= 0, "fused::", op, ": expected eps >= 0, but got ", eps);
 }
 
 void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x,
-                                   const at::Tensor& weight, const std::optional<at::Tensor>& grad_residual,
-                                   double eps) {
-  check_norm_arguments(op, x, nullptr, weight, std::nullopt, eps);
+                                   const std::optional<at::Tensor>& weight,
+                                   const std::optional<at::Tensor>& grad_residual, double eps, double offset) {
+  check_norm_arguments(op, x, nullptr, weight, std::nullopt, eps, offset);
   check_same_dtype(op, "grad", grad, "x", x);
   check_same_device(op, "grad", grad, "x", x);
   check_same_shape(op, "grad", grad, "x", x);

@@ -57,14 +57,16 @@ void check_gated_mul_linear_arguments(const char* op, const at::Tensor& gate, co
 void check_gated_mul_linear_backward_arguments(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                                                const at::Tensor& weight);
 
-// Norms: x [..., H] (at least 1-D); residual like x; weight and bias 1-D of size H with x's dtype,
-// or float32 for 16-bit x; eps >= 0.
-void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight,
-                          const std::optional<at::Tensor>& bias, double eps);
+// Norms: x [..., H] (at least 1-D); residual like x; weight (or None) and bias 1-D of size H with x's
+// dtype, or float32 for 16-bit x (bias: the weight's dtype, x's without a weight); eps >= 0; offset 0
+// without a weight.
+void check_norm_arguments(const char* op, const at::Tensor& x, const at::Tensor* residual,
+                          const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps,
+                          double offset);
 // grad and grad_residual like x, then the forward's checks.
 void check_norm_backward_arguments(const char* op, const at::Tensor& grad, const at::Tensor& x,
-                                   const at::Tensor& weight, const std::optional<at::Tensor>& grad_residual,
-                                   double eps);
+                                   const std::optional<at::Tensor>& weight,
+                                   const std::optional<at::Tensor>& grad_residual, double eps, double offset);
 
 // rotary_embedding (and its backward, grad_q and grad_k in q's and k's places): q and k 4-D of one
 // dtype, heads at unsqueeze_dim (1 or 2, or -3 / -2), alike in every other dim; cos and sin of one shape

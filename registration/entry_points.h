@@ -84,48 +84,51 @@ std::tuple<at::Tensor, at::Tensor> gated_mul_backward_entry(const at::Tensor& gr
   return kernel(grad, gate, up, parse_gated_activation("gated_mul_backward", activation));
 }
 
+using OptionalTensor = std::optional<at::Tensor>;
+
 template <auto kernel>
-at::Tensor rms_norm_entry(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_norm_arguments("rms_norm", x, nullptr, weight, std::nullopt, eps);
-  return kernel(x, weight, eps);
+at::Tensor rms_norm_entry(const at::Tensor& x, const OptionalTensor& weight, double eps, double offset) {
+  check_norm_arguments("rms_norm", x, nullptr, weight, std::nullopt, eps, offset);
+  return kernel(x, weight, eps, offset);
 }
 
 template <auto kernel>
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_entry(const at::Tensor& x, const at::Tensor& residual,
-                                                      const at::Tensor& weight, double eps) {
-  check_norm_arguments("add_rms_norm", x, &residual, weight, std::nullopt, eps);
-  return kernel(x, residual, weight, eps);
+                                                      const OptionalTensor& weight, double eps, double offset) {
+  check_norm_arguments("add_rms_norm", x, &residual, weight, std::nullopt, eps, offset);
+  return kernel(x, residual, weight, eps, offset);
 }
 
 template <auto kernel>
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_entry(const at::Tensor& grad, const at::Tensor& x,
-                                                           const at::Tensor& weight, double eps,
-                                                           const std::optional<at::Tensor>& grad_residual) {
-  check_norm_backward_arguments("rms_norm_backward", grad, x, weight, grad_residual, eps);
-  return kernel(grad, x, weight, eps, grad_residual);
+                                                           const OptionalTensor& weight, double eps,
+                                                           const OptionalTensor& grad_residual, double offset) {
+  check_norm_backward_arguments("rms_norm_backward", grad, x, weight, grad_residual, eps, offset);
+  return kernel(grad, x, weight, eps, grad_residual, offset);
 }
 
 template <auto kernel>
-at::Tensor layer_norm_entry(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                            double eps) {
-  check_norm_arguments("layer_norm", x, nullptr, weight, bias, eps);
-  return kernel(x, weight, bias, eps);
+at::Tensor layer_norm_entry(const at::Tensor& x, const OptionalTensor& weight, const OptionalTensor& bias, double eps,
+                            double offset) {
+  check_norm_arguments("layer_norm", x, nullptr, weight, bias, eps, offset);
+  return kernel(x, weight, bias, eps, offset);
 }
 
 template <auto kernel>
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_entry(const at::Tensor& x, const at::Tensor& residual,
-                                                        const at::Tensor& weight,
-                                                        const std::optional<at::Tensor>& bias, double eps) {
-  check_norm_arguments("add_layer_norm", x, &residual, weight, bias, eps);
-  return kernel(x, residual, weight, bias, eps);
+                                                        const OptionalTensor& weight, const OptionalTensor& bias,
+                                                        double eps, double offset) {
+  check_norm_arguments("add_layer_norm", x, &residual, weight, bias, eps, offset);
+  return kernel(x, residual, weight, bias, eps, offset);
 }
 
 template <auto kernel>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_entry(
-    const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight, double eps,
-    const std::optional<at::Tensor>& grad_residual) {
-  check_norm_backward_arguments("layer_norm_backward", grad, x, weight, grad_residual, eps);
-  return kernel(grad, x, weight, eps, grad_residual);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_entry(const at::Tensor& grad, const at::Tensor& x,
+                                                                         const OptionalTensor& weight, double eps,
+                                                                         const OptionalTensor& grad_residual,
+                                                                         double offset) {
+  check_norm_backward_arguments("layer_norm_backward", grad, x, weight, grad_residual, eps, offset);
+  return kernel(grad, x, weight, eps, grad_residual, offset);
 }
 
 template <auto kernel>

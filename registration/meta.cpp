@@ -42,27 +42,32 @@ std::tuple<at::Tensor, at::Tensor> gated_mul_backward_meta(const at::Tensor&, co
   return {like_contiguous(gate), like_contiguous(up)};
 }
 
-at::Tensor rms_norm_meta(const at::Tensor& x, const at::Tensor&, double) { return like_contiguous(x); }
-std::tuple<at::Tensor, at::Tensor> add_rms_norm_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
-                                                     double) {
+// The norm backward's grad_weight (and grad_bias): [H] of the weight's dtype, x's without a weight.
+at::Tensor norm_parameter_gradient_meta(const at::Tensor& x, const OptionalTensor& weight) {
+  return weight.has_value() && weight->defined() ? like_contiguous(*weight)
+                                                 : at::empty_symint({x.sym_size(-1)}, x.options());
+}
+at::Tensor rms_norm_meta(const at::Tensor& x, const OptionalTensor&, double, double) { return like_contiguous(x); }
+std::tuple<at::Tensor, at::Tensor> add_rms_norm_meta(const at::Tensor& x, const at::Tensor&, const OptionalTensor&,
+                                                     double, double) {
   return {like_contiguous(x), like_contiguous(x)};
 }
 std::tuple<at::Tensor, at::Tensor> rms_norm_backward_meta(const at::Tensor&, const at::Tensor& x,
-                                                          const at::Tensor& weight, double,
-                                                          const std::optional<at::Tensor>&) {
-  return {like_contiguous(x), like_contiguous(weight)};
+                                                          const OptionalTensor& weight, double, const OptionalTensor&,
+                                                          double) {
+  return {like_contiguous(x), norm_parameter_gradient_meta(x, weight)};
 }
-at::Tensor layer_norm_meta(const at::Tensor& x, const at::Tensor&, const std::optional<at::Tensor>&, double) {
+at::Tensor layer_norm_meta(const at::Tensor& x, const OptionalTensor&, const OptionalTensor&, double, double) {
   return like_contiguous(x);
 }
-std::tuple<at::Tensor, at::Tensor> add_layer_norm_meta(const at::Tensor& x, const at::Tensor&, const at::Tensor&,
-                                                       const std::optional<at::Tensor>&, double) {
+std::tuple<at::Tensor, at::Tensor> add_layer_norm_meta(const at::Tensor& x, const at::Tensor&, const OptionalTensor&,
+                                                       const OptionalTensor&, double, double) {
   return {like_contiguous(x), like_contiguous(x)};
 }
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_meta(const at::Tensor&, const at::Tensor& x,
-                                                                        const at::Tensor& weight, double,
-                                                                        const std::optional<at::Tensor>&) {
-  return {like_contiguous(x), like_contiguous(weight), like_contiguous(weight)};
+                                                                        const OptionalTensor& weight, double,
+                                                                        const OptionalTensor&, double) {
+  return {like_contiguous(x), norm_parameter_gradient_meta(x, weight), norm_parameter_gradient_meta(x, weight)};
 }
 
 std::tuple<at::Tensor, at::Tensor> rotary_embedding_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&,

@@ -50,25 +50,28 @@ TORCH_LIBRARY(fused, m) {
         "bool[4] output_mask) -> (Tensor grad_gate, Tensor grad_up, Tensor grad_weight, Tensor grad_bias)",
         tags);
   // Norms over the last dim, statistics in float32; weight (and bias) [H] may be float32 for 16-bit x.
-  // x · rsqrt(mean(x²) + eps) · weight.
-  m.def("rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor", tags);
-  // h = x + residual (in x's dtype); (rms_norm(h, weight, eps), h).
-  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor weight, float eps=1e-6) -> (Tensor out, Tensor residual_out)",
-        tags);
-  // Gradients of rms_norm(x) given grad of its output, plus grad_residual (the gradient that reaches
-  // h through add_rms_norm's residual_out) added to grad_x.
-  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps, Tensor? grad_residual=None) -> "
-        "(Tensor grad_x, Tensor grad_weight)",
-        tags);
-  // (x - mean) · rsqrt(var + eps) · weight + bias.
-  m.def("layer_norm(Tensor x, Tensor weight, Tensor? bias=None, float eps=1e-5) -> Tensor", tags);
-  // h = x + residual (in x's dtype); (layer_norm(h, weight, bias, eps), h).
-  m.def("add_layer_norm(Tensor x, Tensor residual, Tensor weight, Tensor? bias, float eps=1e-5) -> "
+  // w = offset + weight in float32 (Gemma's RMSNorm 1 + weight), or 1 with weight None (offset 0).
+  // x · rsqrt(mean(x²) + eps) · w.
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps=1e-6, float offset=0.0) -> Tensor", tags);
+  // h = x + residual (in x's dtype); (rms_norm(h, weight, eps, offset), h).
+  m.def("add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps=1e-6, float offset=0.0) -> "
         "(Tensor out, Tensor residual_out)",
         tags);
-  // Gradients of layer_norm(x), grad_residual added to grad_x as for rms_norm_backward.
-  m.def("layer_norm_backward(Tensor grad, Tensor x, Tensor weight, float eps, Tensor? grad_residual=None) -> "
-        "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
+  // Gradients of rms_norm(x) given grad of its output, plus grad_residual (the gradient that reaches
+  // h through add_rms_norm's residual_out) added to grad_x; grad_weight [H] also for weight None (x's
+  // dtype: the gradient a unit weight gets).
+  m.def("rms_norm_backward(Tensor grad, Tensor x, Tensor? weight, float eps, Tensor? grad_residual=None, "
+        "float offset=0.0) -> (Tensor grad_x, Tensor grad_weight)",
+        tags);
+  // (x - mean) · rsqrt(var + eps) · w + bias.
+  m.def("layer_norm(Tensor x, Tensor? weight, Tensor? bias=None, float eps=1e-5, float offset=0.0) -> Tensor", tags);
+  // h = x + residual (in x's dtype); (layer_norm(h, weight, bias, eps, offset), h).
+  m.def("add_layer_norm(Tensor x, Tensor residual, Tensor? weight, Tensor? bias, float eps=1e-5, float offset=0.0) "
+        "-> (Tensor out, Tensor residual_out)",
+        tags);
+  // Gradients of layer_norm(x), grad_residual added to grad_x and grad_weight as for rms_norm_backward.
+  m.def("layer_norm_backward(Tensor grad, Tensor x, Tensor? weight, float eps, Tensor? grad_residual=None, "
+        "float offset=0.0) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)",
         tags);
   // RoPE on q and k (Hugging Face's apply_rotary_pos_emb): x * cos + rotate(x) * sin over the first
   // cos.size(-1) dims of each head; q, k [B, H, S, D] (unsqueeze_dim=1) or [B, S, H, D] (2); cos, sin

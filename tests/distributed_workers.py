@@ -101,6 +101,46 @@ def ops_on_dtensors(device, mesh_shape, op_names):
                                            msg=lambda m: f"{name} gradient on {placements}: {m}")
 
 
+def norm_weight_forms_on_dtensors(device):
+    """The norms with a weight offset and with weight None on rows sharded on each leading dim (weight and
+    bias replicated), and the backward ops given weight None: values and gradients against the full tensors."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    from op_specs import OPS_BY_NAME, NormCase
+
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    shape = (2 * mesh.size(), 6, 8)
+    for name in ("rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"):
+        for weight_form in ("one_plus_weight", "none"):
+            case = NormCase(OPS_BY_NAME[name], bias="layer" in name, weight_form=weight_form)
+            torch.manual_seed(0)
+            inputs = [t.to(device) for t in case.inputs(shape, torch.float64, "cpu")]
+            full = [t.clone().requires_grad_(True) for t in inputs]
+            expected = case.fused(*full)
+            grad_outputs = [torch.randn(out.shape, dtype=torch.float64).to(device) for out in expected]
+            expected_grads = torch.autograd.grad(expected, full, grad_outputs)
+            for dim in (0, 1):
+                sharded = [distribute_tensor(t, mesh, [Shard(dim)] if t.dim() == 3 else [Replicate()])
+                           .requires_grad_(True) for t in inputs]
+                outputs = case.fused(*sharded)
+                for out, want in zip(outputs, expected, strict=True):
+                    assert list(out.placements) == [Shard(dim)], (name, weight_form, out.placements)
+                    torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=1e-12, atol=1e-12)
+                grads = torch.autograd.grad(outputs, sharded, [distribute_tensor(g, mesh, [Shard(dim)])
+                                                               for g in grad_outputs])
+                for grad, want in zip(grads, expected_grads, strict=True):
+                    torch.testing.assert_close(grad.full_tensor(), want, rtol=1e-10, atol=1e-10)
+    grad, x = torch.randn(shape, dtype=torch.float64).to(device), torch.randn(shape, dtype=torch.float64).to(device)
+    for backward in (torch.ops.fused.rms_norm_backward, torch.ops.fused.layer_norm_backward):
+        expected = backward(grad, x, None, 1e-5)
+        results = backward(distribute_tensor(grad, mesh, [Shard(0)]), distribute_tensor(x, mesh, [Shard(0)]), None,
+                           1e-5)
+        for result, want in zip(results, expected, strict=True):
+            torch.testing.assert_close(result.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def relu_add_backward_on_dtensors(device):
     """relu_add_backward(grad, x), which autograd does not call (it keeps a bit mask instead of x), on
     DTensors sharded on each dim."""

@@ -235,12 +235,63 @@ def largest_gated_output(inputs, activation="silu"):
     return max(1.0, largest) * max(1.0, weight.shape[1] ** 0.5)
 
 
-def rms_norm_reference(h, weight, eps=1e-6):
-    return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight
+def rms_norm_reference(h, weight, eps=1e-6, offset=0.0):
+    out = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return out if weight is None else out * (offset + weight)
 
 
-def layer_norm_reference(h, weight, bias=None, eps=1e-5):
-    return F.layer_norm(h, h.shape[-1:], weight, bias, eps)
+def layer_norm_reference(h, weight, bias=None, eps=1e-5, offset=0.0):
+    return F.layer_norm(h, h.shape[-1:], None if weight is None else offset + weight, bias, eps)
+
+
+# The norms' weight forms, an option of their OpSpecs: (whether the weight tensor is passed, offset).
+# "none" passes weight=None (offset 0); the others multiply by offset + weight (Gemma: 1 + weight).
+NORM_WEIGHT_FORMS = {"weight": (True, 0.0), "none": (False, 0.0), "one_plus_weight": (True, 1.0),
+                     "weight_minus_half": (True, -0.5)}
+
+
+def norm_weight(weight, weight_form):
+    """(weight or None, offset) of a weight form."""
+    passed, offset = NORM_WEIGHT_FORMS[weight_form]
+    return (weight if passed else None), offset
+
+
+def rms_norm_fused(x, w, eps=1e-6, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return torch.ops.fused.rms_norm(x, w, eps, offset)
+
+
+def rms_norm_expected(x, w, eps=1e-6, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return rms_norm_reference(x, w, eps, offset)
+
+
+def add_rms_norm_fused(x, r, w, eps=1e-6, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return torch.ops.fused.add_rms_norm(x, r, w, eps, offset)
+
+
+def add_rms_norm_expected(x, r, w, eps=1e-6, weight_form="weight"):
+    return rms_norm_expected(x + r, w, eps, weight_form), x + r
+
+
+def layer_norm_fused(x, w, b, eps=1e-5, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return torch.ops.fused.layer_norm(x, w, b, eps, offset)
+
+
+def layer_norm_expected(x, w, b, eps=1e-5, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return layer_norm_reference(x, w, b, eps, offset)
+
+
+def add_layer_norm_fused(x, r, w, b, eps=1e-5, weight_form="weight"):
+    w, offset = norm_weight(w, weight_form)
+    return torch.ops.fused.add_layer_norm(x, r, w, b, eps, offset)
+
+
+def add_layer_norm_expected(x, r, w, b, eps=1e-5, weight_form="weight"):
+    return layer_norm_expected(x + r, w, b, eps, weight_form), x + r
 
 
 def largest_rstd(inputs, eps=1e-6, residual=False, centered=False):
@@ -253,6 +304,9 @@ def largest_rstd(inputs, eps=1e-6, residual=False, centered=False):
 
 
 EPS_RANGE = (1e-6, 1e-2)
+# The registry-wide tests draw the weight form (property tests), or take the first (DTensor) or the last
+# (threads, CUDA graphs, huge tensors).
+NORM_OPTIONS = {"eps": EPS_RANGE, "weight_form": list(NORM_WEIGHT_FORMS)}
 
 OPS = [
     OpSpec("relu_add", lambda x, y, bias=0.0: torch.ops.fused.relu_add(x, y, bias),
@@ -276,22 +330,17 @@ OPS = [
            gated_mul_linear_reference, gated_mul_linear_shapes, {"activation": ["silu", "gelu", "gelu_tanh"]},
            min_dims=1, family="down_projection", value_scale=largest_gated_output,
            gradient_scale=largest_gated_output),
-    OpSpec("rms_norm", lambda x, w, eps=1e-6: torch.ops.fused.rms_norm(x, w, eps), rms_norm_reference,
-           norm_shapes(False, False), {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps), family="norms",
+    OpSpec("rms_norm", rms_norm_fused, rms_norm_expected, norm_shapes(False, False), NORM_OPTIONS, min_dims=1,
+           gradient_scale=lambda inputs, eps=1e-6, **_: largest_rstd(inputs, eps), family="norms",
            composite=lambda x, w, eps=1e-6: F.rms_norm(x, x.shape[-1:], w, eps)),
-    OpSpec("add_rms_norm", lambda x, r, w, eps=1e-6: torch.ops.fused.add_rms_norm(x, r, w, eps),
-           lambda x, r, w, eps=1e-6: (rms_norm_reference(x + r, w, eps), x + r), norm_shapes(True, False),
-           {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-6: largest_rstd(inputs, eps, residual=True), family="norms",
-           composite=lambda x, r, w, eps=1e-6: (F.rms_norm(x + r, x.shape[-1:], w, eps), x + r)),
-    OpSpec("layer_norm", lambda x, w, b, eps=1e-5: torch.ops.fused.layer_norm(x, w, b, eps), layer_norm_reference,
-           norm_shapes(False, True), {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, centered=True), family="norms"),
-    OpSpec("add_layer_norm", lambda x, r, w, b, eps=1e-5: torch.ops.fused.add_layer_norm(x, r, w, b, eps),
-           lambda x, r, w, b, eps=1e-5: (layer_norm_reference(x + r, w, b, eps), x + r), norm_shapes(True, True),
-           {"eps": EPS_RANGE}, min_dims=1,
-           gradient_scale=lambda inputs, eps=1e-5: largest_rstd(inputs, eps, residual=True, centered=True),
+    OpSpec("add_rms_norm", add_rms_norm_fused, add_rms_norm_expected, norm_shapes(True, False), NORM_OPTIONS,
+           min_dims=1, gradient_scale=lambda inputs, eps=1e-6, **_: largest_rstd(inputs, eps, residual=True),
+           family="norms", composite=lambda x, r, w, eps=1e-6: (F.rms_norm(x + r, x.shape[-1:], w, eps), x + r)),
+    OpSpec("layer_norm", layer_norm_fused, layer_norm_expected, norm_shapes(False, True), NORM_OPTIONS, min_dims=1,
+           gradient_scale=lambda inputs, eps=1e-5, **_: largest_rstd(inputs, eps, centered=True), family="norms"),
+    OpSpec("add_layer_norm", add_layer_norm_fused, add_layer_norm_expected, norm_shapes(True, True), NORM_OPTIONS,
+           min_dims=1,
+           gradient_scale=lambda inputs, eps=1e-5, **_: largest_rstd(inputs, eps, residual=True, centered=True),
            family="norms"),
     OpSpec("rotary_embedding",
            lambda q, k, cos, sin, interleaved=False: torch.ops.fused.rotary_embedding(q, k, cos, sin, 1, interleaved),
@@ -366,9 +415,11 @@ ACTIVATION_CASES = {label: ActivationCase(spec, options)
 
 @dataclass
 class NormCase:
-    """A norm op with or without its bias (layer norms), through the typed wrappers of fused_ops."""
+    """A norm op with or without its bias (layer norms), with a weight form of NORM_WEIGHT_FORMS (weight,
+    none, an offset), through the typed wrappers of fused_ops."""
     spec: OpSpec
     bias: bool
+    weight_form: str = "weight"
 
     @property
     def layer(self):  # LayerNorm (else RMSNorm)
@@ -379,6 +430,14 @@ class NormCase:
         return self.spec.name.startswith("add_")
 
     @property
+    def weight(self):  # whether a weight tensor is passed (else weight=None)
+        return NORM_WEIGHT_FORMS[self.weight_form][0]
+
+    @property
+    def offset(self):
+        return NORM_WEIGHT_FORMS[self.weight_form][1]
+
+    @property
     def eps(self):
         return 1e-5 if self.layer else 1e-6
 
@@ -387,13 +446,15 @@ class NormCase:
         return self.spec.op
 
     def inputs(self, shape, dtype, device, weight_dtype=None):
-        """x, [residual], weight, [bias]; weight (and bias) of weight_dtype (default: x's dtype)."""
-        weight_dtype = weight_dtype or dtype
+        """x, [residual], [weight], [bias]; weight (and bias) of weight_dtype (default: x's dtype; a bias
+        without a weight keeps x's dtype, as the op asks)."""
+        weight_dtype = (weight_dtype or dtype) if self.weight else dtype
         hidden = shape[-1]
         tensors = [random(shape, dtype, device)]
         if self.residual:
             tensors.append(random(shape, dtype, device))
-        tensors.append((1 + 0.5 * torch.randn(hidden, device=device)).to(weight_dtype))
+        if self.weight:
+            tensors.append((1 + 0.5 * torch.randn(hidden, device=device)).to(weight_dtype))
         if self.bias:
             tensors.append(random((hidden,), weight_dtype, device))
         return tensors
@@ -402,15 +463,15 @@ class NormCase:
         tensors = list(tensors)
         x = tensors.pop(0)
         residual = tensors.pop(0) if self.residual else None
-        weight = tensors.pop(0)
+        weight = tensors.pop(0) if self.weight else None
         bias = tensors.pop(0) if self.bias else None
         return x, residual, weight, bias
 
     def op_arguments(self, tensors, eps=None):
-        """The op's positional arguments: tensors (None for an absent bias), then eps."""
+        """The op's positional arguments: tensors (None for an absent weight or bias), then eps and offset."""
         x, residual, weight, bias = self.split(tensors)
         args = [x] + ([residual] if self.residual else []) + [weight] + ([bias] if self.layer else [])
-        return (*args, self.eps if eps is None else eps)
+        return (*args, self.eps if eps is None else eps, self.offset)
 
     def fused(self, *tensors, eps=None):
         """Outputs of the fused op (its typed wrapper) as a tuple."""
@@ -418,7 +479,9 @@ class NormCase:
 
     def composite(self, *tensors):
         """The eager code the op replaces, as the bench times it."""
-        return (self.spec.composite or self.spec.reference)(*self.op_arguments(tensors))
+        if self.spec.composite is not None and self.weight_form == "weight":
+            return self.spec.composite(*self.op_arguments(tensors)[:-1])
+        return self.spec.reference(*self.op_arguments(tensors)[:-1], weight_form=self.weight_form)
 
     def reference(self, *tensors, eps=None):
         """The eager composite in float64; h = x + residual rounded to x's dtype first, as eager stores it."""
@@ -426,8 +489,12 @@ class NormCase:
         eps = self.eps if eps is None else eps
         h = x + residual if self.residual else x
         h64 = h if h.dtype == torch.float64 else h.double()
-        weight, bias = weight.double(), None if bias is None else bias.double()
-        out = layer_norm_reference(h64, weight, bias, eps) if self.layer else rms_norm_reference(h64, weight, eps)
+        weight = None if weight is None else weight.double()
+        bias = None if bias is None else bias.double()
+        if self.layer:
+            out = layer_norm_reference(h64, weight, bias, eps, self.offset)
+        else:
+            out = rms_norm_reference(h64, weight, eps, self.offset)
         return (out, h64) if self.residual else (out,)
 
 
@@ -437,6 +504,12 @@ for _spec in OPS:
         NORM_CASES[_spec.name] = NormCase(_spec, bias="layer_norm" in _spec.name)
         if "layer_norm" in _spec.name:
             NORM_CASES[_spec.name + "_no_bias"] = NormCase(_spec, bias=False)
+# The weight forms beside a plain weight, each through every norm test: an offset on both forward
+# kernels (RMS, Layer) with and without a residual, and no weight (with a bias, and with neither).
+NORM_CASES["add_rms_norm_one_plus_weight"] = NormCase(OPS_BY_NAME["add_rms_norm"], False, "one_plus_weight")
+NORM_CASES["layer_norm_weight_minus_half"] = NormCase(OPS_BY_NAME["layer_norm"], True, "weight_minus_half")
+NORM_CASES["rms_norm_no_weight"] = NormCase(OPS_BY_NAME["rms_norm"], False, "none")
+NORM_CASES["add_layer_norm_no_weight"] = NormCase(OPS_BY_NAME["add_layer_norm"], True, "none")
 
 
 def strided(shape, dtype, device, layout, generator=None):

@@ -85,6 +85,11 @@ def test_silu_mul_linear_on_dtensors(device):
 
 
 @pytest.mark.parametrize("device", devices(2))
+def test_norm_weight_forms_on_dtensors(device):
+    spawn(2, device, "norm_weight_forms_on_dtensors")
+
+
+@pytest.mark.parametrize("device", devices(2))
 def test_relu_add_backward_on_dtensors(device):
     spawn(2, device, "relu_add_backward_on_dtensors")
 

@@ -24,6 +24,12 @@ def spec(request):
     return SPECS[request.param]
 
 
+def weight_form_on_the_cpu(spec, device, **_):
+    """On the CPU one loop serves every shape, so the weight forms' cases (offset, weight None) run the
+    many-shape tests on CUDA only, where shapes pick kernels; test_norm_weight_forms.py covers the CPU."""
+    return device == "cpu" and SPECS[spec].weight_form != "weight"
+
+
 def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
     expected = spec.reference(*inputs)
     assert len(outs) == len(expected)
@@ -36,6 +42,7 @@ def assert_outputs_close(spec, outs, inputs, dtype, scale=SCALE):
 
 @pytest.mark.parametrize("shape", [(1,), (3,), (1023,), (4097,), (3, 5, 7), (64, 129), (16, 256), (2, 8192),
                                    (1100, 2048), (1200, 4096), (200, 8192), (1030, 6144)])
+@pytest.mark.absent.with_args(weight_form_on_the_cpu)
 def test_values(spec, device, dtype, shape):
     """The last three reach the CUDA forward's one-, two- and four-pack blocks of many rows (1024+
     rows: blocks of 256; 129-1023 rows: blocks of up to 512); decode-sized shapes use two packs only
@@ -138,7 +145,7 @@ def test_nan_and_inf_follow_eager(spec, device):
 
 
 @pytest.mark.parametrize("shape", [(2, 8192), (1200, 4096), (200, 8192)])
-@pytest.mark.absent(lambda spec, **_: not SPECS[spec].residual)
+@pytest.mark.absent(lambda spec, **_: not SPECS[spec].residual or SPECS[spec].weight_form != "weight")
 def test_residual_out_is_the_eager_sum_at_every_magnitude(spec, device, dtype, shape):
     """residual_out equals eager's x + residual bit for bit, subnormals to overflow included; the
     shapes reach the CUDA forward's one-, two- and four-pack kernels."""
@@ -238,6 +245,7 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
 @pytest.mark.parametrize("used", ["both", "out"])
 @pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
 @pytest.mark.absent.with_args(absent_gradient_case)
+@pytest.mark.absent.with_args(weight_form_on_the_cpu)
 def test_gradients_of_decode_rows(spec, device, dtype, shape, used, weight_dtype):
     """Decode: 1 to 128 rows of 1032 to 16384 elements, the rows a serving step normalises (on CUDA
     from Hopper, one row spread over a cluster of 2 to 8 blocks with one or two packs per thread,
@@ -364,10 +372,11 @@ def test_opcheck(spec, device, dtype, requires_grad):
     grad = random((5, 24), dtype, device)
     grad_residual = random((5, 24), dtype, device) if spec.residual else None
     arguments = [t.requires_grad_(requires_grad) if t is not None else None for t in (grad, h, weight)]
-    opcheck(backward, (*arguments, spec.eps, grad_residual))
+    opcheck(backward, (*arguments, spec.eps, grad_residual, spec.offset))
 
 
 @pytest.mark.parametrize("rows", [1000, 20000])
+@pytest.mark.absent(lambda spec, **_: not (SPECS[spec].weight or SPECS[spec].bias))
 def test_weight_gradient_is_deterministic(spec, device, rows):
     """Weight and bias gradients are bit-identical run to run (no atomics in the sums)."""
     inputs = [t.requires_grad_(True) for t in spec.inputs((rows, 256), torch.bfloat16, device)]
@@ -517,6 +526,23 @@ def test_export_keeps_one_node_each(device):
 # ---------------------------------------------------------------------------------------------
 # Bad input.
 
+def bad_weight_form_inputs(f32, bf16):
+    """(call, message fragment) for each bad weight offset or weight None, tensors from f32 and bf16."""
+    return [
+        (lambda: torch.ops.fused.rms_norm(f32(4, 8), None, 1e-6, 1.0),
+         "fused::rms_norm: expected offset 0.0 when weight is None (offset is added to the weight), but got "
+         "offset 1"),
+        (lambda: torch.ops.fused.layer_norm_backward(f32(4, 8), f32(4, 8), None, 1e-5, None, -0.5),
+         "fused::layer_norm_backward: expected offset 0.0 when weight is None (offset is added to the weight), "
+         "but got offset -0.5"),
+        (lambda: torch.ops.fused.add_layer_norm(bf16(4, 8), bf16(4, 8), None, f32(8)),
+         "fused::add_layer_norm: expected bias to have x's dtype (BFloat16) when weight is None (the unit weight "
+         "the op uses has x's dtype), but got Float"),
+        (lambda: torch.ops.fused.add_rms_norm(f32(4, 8), f32(4, 8), f32(9), 1e-6, 1.0),
+         "fused::add_rms_norm: expected weight to be 1-D of size x.size(-1) = 8, but got shape [9]"),
+    ]
+
+
 def bad_norm_inputs(device):
     """(call, message fragment) for each bad input the norm ops reject."""
     f32 = lambda *shape: torch.randn(*shape, device=device)  # noqa: E731
@@ -550,7 +576,7 @@ def bad_norm_inputs(device):
          "fused::rms_norm_backward: expected grad to have the shape of x [4, 8], but got [4, 7]"),
         (lambda: torch.ops.fused.layer_norm_backward(f32(4, 8), f32(4, 8), f32(8), 1e-5, f32(4, 8).double()),
          "fused::layer_norm_backward: expected grad_residual to have the same dtype as x (Float), but got Double"),
-    ]
+    ] + bad_weight_form_inputs(f32, bf16)
     if device == "cuda":
         cases.append((lambda: torch.ops.fused.rms_norm(f32(4, 8), torch.randn(8)),
                       "fused::rms_norm: expected weight to be on the same device as x (cuda:0), but got cpu"))
@@ -559,7 +585,7 @@ def bad_norm_inputs(device):
     return cases
 
 
-@pytest.mark.parametrize("case", range(16))
+@pytest.mark.parametrize("case", range(20))
 @pytest.mark.absent(lambda device, case: case >= len(bad_norm_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_norm_inputs(device), case)

@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "norm.h"
@@ -34,6 +35,16 @@ RowStatistics<acc_t> row_statistics(int64_t columns, double eps, Load load) {
   return {static_cast<acc_t>(mean), static_cast<acc_t>(1 / std::sqrt(squares / columns + eps))};
 }
 
+// The weight offset in the compute type (norm.h: w = offset + weight).
+template <typename acc_t, typename Problem>
+acc_t offset_of(const Problem& p) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return p.offset_double;
+  } else {
+    return p.offset_float;
+  }
+}
+
 template <NormKind kKind>
 void norm_forward_cpu(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype) {
   if (p.rows == 0 || p.columns == 0) return;
@@ -41,6 +52,7 @@ void norm_forward_cpu(const NormForwardProblem& p, at::ScalarType dtype, at::Sca
     using acc_t = at::opmath_type<scalar_t>;
     const auto* weight = static_cast<const weight_t*>(p.weight);
     const auto* bias = static_cast<const weight_t*>(p.bias);
+    const acc_t offset = offset_of<acc_t>(p);
     const int64_t grain = std::max<int64_t>(1, at::internal::GRAIN_SIZE / p.columns);
     at::parallel_for(0, p.rows, grain, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> h(p.columns);
@@ -59,7 +71,7 @@ void norm_forward_cpu(const NormForwardProblem& p, at::ScalarType dtype, at::Sca
         const auto stats = row_statistics<kKind, acc_t>(p.columns, p.eps, [&](int64_t c) { return h[c]; });
         auto* out = static_cast<scalar_t*>(p.out) + row * p.columns;
         for (int64_t column = 0; column < p.columns; ++column) {
-          acc_t value = (h[column] - stats.mean) * stats.rstd * static_cast<acc_t>(weight[column]);
+          acc_t value = (h[column] - stats.mean) * stats.rstd * (offset + static_cast<acc_t>(weight[column]));
           if (bias) value += static_cast<acc_t>(bias[column]);
           out[column] = static_cast<scalar_t>(value);
         }
@@ -73,6 +85,7 @@ void norm_backward_cpu(const NormBackwardProblem& p, at::ScalarType dtype, at::S
   FUSED_DISPATCH_MIXED_TYPES(dtype, weight_dtype, "norm_backward_cpu", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const auto* weight = static_cast<const weight_t*>(p.weight);
+    const acc_t offset = offset_of<acc_t>(p);
     auto grad_at = [&](int64_t row, int64_t column) {
       return static_cast<acc_t>(static_cast<const scalar_t*>(p.grad)[row * p.grad_row_stride + column]);
     };
@@ -88,7 +101,7 @@ void norm_backward_cpu(const NormBackwardProblem& p, at::ScalarType dtype, at::S
         const auto [mean, rstd] = stats[row];
         double sum_gw = 0, sum_gw_n = 0;
         for (int64_t column = 0; column < p.columns; ++column) {
-          const acc_t gw = grad_at(row, column) * static_cast<acc_t>(weight[column]);
+          const acc_t gw = grad_at(row, column) * (offset + static_cast<acc_t>(weight[column]));
           sum_gw += gw;
           sum_gw_n += gw * (x_at(row, column) - mean) * rstd;
         }
@@ -96,7 +109,7 @@ void norm_backward_cpu(const NormBackwardProblem& p, at::ScalarType dtype, at::S
         const acc_t mean_gw_n = static_cast<acc_t>(sum_gw_n / p.columns);
         auto* grad_x = static_cast<scalar_t*>(p.grad_x) + row * p.columns;
         for (int64_t column = 0; column < p.columns; ++column) {
-          const acc_t gw = grad_at(row, column) * static_cast<acc_t>(weight[column]);
+          const acc_t gw = grad_at(row, column) * (offset + static_cast<acc_t>(weight[column]));
           const acc_t n = (x_at(row, column) - mean) * rstd;
           acc_t value = rstd * (gw - mean_gw - n * mean_gw_n);
           if (p.grad_residual) {

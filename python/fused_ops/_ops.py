@@ -76,32 +76,39 @@ def gated_mul_linear(gate: Tensor, up: Tensor, weight: Tensor, bias: Optional[Te
     return _gated_mul_linear(gate, up, weight, bias, activation)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    """`x * rsqrt(mean(x**2, -1) + eps) * weight` over the last dim, statistics in float32.
+def rms_norm(x: Tensor, weight: Optional[Tensor], eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """`x * rsqrt(mean(x**2, -1) + eps) * (offset + weight)` over the last dim, statistics in float32.
 
-    `weight` is 1-D of size `x.size(-1)`, with x's dtype or float32 for float16/bfloat16 `x`;
-    the result has x's dtype. Differentiable in `x` and `weight`.
+    `weight` is 1-D of size `x.size(-1)`, with x's dtype or float32 for float16/bfloat16 `x`, or None
+    (no weight: `offset` must be 0). `offset + weight` and the product are taken in float32 and rounded
+    once to x's dtype (Gemma's RMSNorm is `offset=1.0`). Differentiable in `x` and `weight`.
     """
-    return _rms_norm(x, weight, eps)
+    return _rms_norm(x, weight, eps, offset)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> Tuple[Tensor, Tensor]:
-    """`h = x + residual` (in x's dtype); returns `(rms_norm(h, weight, eps), h)`.
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], eps: float = 1e-6,
+                 offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """`h = x + residual` (in x's dtype); returns `(rms_norm(h, weight, eps, offset), h)`.
 
     Differentiable in `x`, `residual` and `weight` through either output or both.
     """
-    return _add_rms_norm(x, residual, weight, eps)
+    return _add_rms_norm(x, residual, weight, eps, offset)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, eps: float = 1e-5) -> Tensor:
-    """`(x - mean) * rsqrt(var + eps) * weight + bias` over the last dim, statistics in float32."""
-    return _layer_norm(x, weight, bias, eps)
+def layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = None, eps: float = 1e-5,
+               offset: float = 0.0) -> Tensor:
+    """`(x - mean) * rsqrt(var + eps) * (offset + weight) + bias` over the last dim, statistics in float32.
+
+    `weight` None means no weight (`offset` must be 0; OLMo's LayerNorm); Nemotron's LayerNorm1P is
+    `offset=1.0`. Differentiable in `x`, `weight` and `bias`.
+    """
+    return _layer_norm(x, weight, bias, eps, offset)
 
 
-def add_layer_norm(x: Tensor, residual: Tensor, weight: Tensor, bias: Optional[Tensor] = None,
-                   eps: float = 1e-5) -> Tuple[Tensor, Tensor]:
-    """`h = x + residual` (in x's dtype); returns `(layer_norm(h, weight, bias, eps), h)`."""
-    return _add_layer_norm(x, residual, weight, bias, eps)
+def add_layer_norm(x: Tensor, residual: Tensor, weight: Optional[Tensor], bias: Optional[Tensor] = None,
+                   eps: float = 1e-5, offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """`h = x + residual` (in x's dtype); returns `(layer_norm(h, weight, bias, eps, offset), h)`."""
+    return _add_layer_norm(x, residual, weight, bias, eps, offset)
 
 
 def rotary_embedding(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, unsqueeze_dim: int = 1,

@@ -192,8 +192,9 @@ def _gated_mul_linear_backward_rules(grad, gate, up, weight, activation, output_
 
 def _norm_rules(x, *others, outputs, gradients=0):
     """A norm: `others` are its residual-like inputs (sharded like x; None where absent) followed by
-    its parameters (replicated; None where absent) as (spec, is_parameter) pairs; non-tensor
-    arguments are None. Rows shard on any dim but the last; parameter gradients come out Partial."""
+    its parameters (replicated; None where absent, a weight of None too) as (spec, is_parameter) pairs;
+    non-tensor arguments (eps, offset) are None. Rows shard on any dim but the last; parameter gradients
+    come out Partial (also the unit weight's of a backward called with weight None)."""
     Partial, Replicate, Shard = _placements()
 
     def inputs(row_placement, parameter_placement):
@@ -311,18 +312,20 @@ def _register_once():
         lambda grad, gate, up, activation="silu": _elementwise_rules(gate, [grad, gate, up, None], outputs=2))
     rule(ops.gated_mul_linear)(_gated_mul_linear_rules)
     rule(ops.gated_mul_linear_backward)(_gated_mul_linear_backward_rules)
-    rule(ops.rms_norm)(lambda x, weight, eps=1e-6: _norm_rules(
-        x, _parameter(weight), _non_tensor(), outputs=1))
-    rule(ops.add_rms_norm)(lambda x, residual, weight, eps=1e-6: _norm_rules(
-        x, _tensor(residual), _parameter(weight), _non_tensor(), outputs=2))
-    rule(ops.rms_norm_backward)(lambda grad, x, weight, eps, grad_residual=None: _norm_rules(
-        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=1))
-    rule(ops.layer_norm)(lambda x, weight, bias=None, eps=1e-5: _norm_rules(
-        x, _parameter(weight), _parameter(bias), _non_tensor(), outputs=1))
-    rule(ops.add_layer_norm)(lambda x, residual, weight, bias=None, eps=1e-5: _norm_rules(
-        x, _tensor(residual), _parameter(weight), _parameter(bias), _non_tensor(), outputs=2))
-    rule(ops.layer_norm_backward)(lambda grad, x, weight, eps, grad_residual=None: _norm_rules(
-        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), outputs=1, gradients=2))
+    rule(ops.rms_norm)(lambda x, weight, eps=1e-6, offset=0.0: _norm_rules(
+        x, _parameter(weight), _non_tensor(), _non_tensor(), outputs=1))
+    rule(ops.add_rms_norm)(lambda x, residual, weight, eps=1e-6, offset=0.0: _norm_rules(
+        x, _tensor(residual), _parameter(weight), _non_tensor(), _non_tensor(), outputs=2))
+    rule(ops.rms_norm_backward)(lambda grad, x, weight, eps, grad_residual=None, offset=0.0: _norm_rules(
+        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), _non_tensor(), outputs=1,
+        gradients=1))
+    rule(ops.layer_norm)(lambda x, weight, bias=None, eps=1e-5, offset=0.0: _norm_rules(
+        x, _parameter(weight), _parameter(bias), _non_tensor(), _non_tensor(), outputs=1))
+    rule(ops.add_layer_norm)(lambda x, residual, weight, bias=None, eps=1e-5, offset=0.0: _norm_rules(
+        x, _tensor(residual), _parameter(weight), _parameter(bias), _non_tensor(), _non_tensor(), outputs=2))
+    rule(ops.layer_norm_backward)(lambda grad, x, weight, eps, grad_residual=None, offset=0.0: _norm_rules(
+        grad, _tensor(x), _parameter(weight), _non_tensor(), _tensor(grad_residual), _non_tensor(), outputs=1,
+        gradients=2))
     rule(ops.rotary_embedding)(_rotary_rules)
     rule(ops.rotary_embedding_backward)(_rotary_rules)
     rule(ops.linear_cross_entropy)(

@@ -79,24 +79,31 @@ def _default_rms_norm_eps(dtype: torch.dtype) -> float:
 
 
 class _Norm(torch.nn.Module):
-    """Weight (and bias) over the last dim, created as torch.nn.RMSNorm / LayerNorm create them.
-    Without elementwise_affine the weight is a non-persistent buffer of ones (state_dict stays empty,
-    as torch's)."""
+    """Weight (and bias) over the last dim, created as torch.nn.RMSNorm / LayerNorm create them: ones,
+    or zeros with a weight offset (the norm multiplies by `offset + weight`, Gemma's `1 + weight`).
+    Without elementwise_affine there is no weight (None, as torch's) and no bias, and offset must be 0."""
 
-    def __init__(self, module: str, normalized_shape, elementwise_affine: bool, bias: bool,
+    def __init__(self, module: str, normalized_shape, elementwise_affine: bool, bias: bool, offset: float,
                  device=None, dtype=None) -> None:
         super().__init__()
         size = _last_dim_size(module, normalized_shape)
         self.normalized_shape = (size,)
         self.elementwise_affine = elementwise_affine
-        ones = torch.ones(size, device=device, dtype=dtype)
+        self.offset = float(offset)
+        if not elementwise_affine and self.offset != 0.0:
+            raise ValueError(f"{module}: offset is added to the weight, so it must be 0.0 without "
+                             f"elementwise_affine, got {offset}")
+        self.weight: Optional[Tensor] = None
         if elementwise_affine:
-            self.weight = torch.nn.Parameter(ones)
-        else:
-            self.register_buffer("weight", ones, persistent=False)
+            initial = torch.zeros if self.offset != 0.0 else torch.ones
+            self.weight = torch.nn.Parameter(initial(size, device=device, dtype=dtype))
         self.bias: Optional[Tensor] = None
         if elementwise_affine and bias:
             self.bias = torch.nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        offset = f", offset={self.offset}" if self.offset != 0.0 else ""
+        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}{offset}"
 
 
 class RMSNorm(_Norm):
@@ -104,19 +111,17 @@ class RMSNorm(_Norm):
     the machine epsilon of the type the norm computes in, as there: `torch.finfo(torch.float32).eps`
     for float16, bfloat16 and float32 x, `torch.finfo(torch.float64).eps` for float64. The weight may be
     float32 while x is float16/bfloat16
-    (mixed precision); the output has x's dtype."""
+    (mixed precision); the output has x's dtype. `offset=1.0` is Gemma's RMSNorm (`x̂ * (1 + weight)`,
+    weight initialised to zeros), the sum and product in float32 before the one rounding to x's dtype."""
 
     def __init__(self, normalized_shape, eps: Optional[float] = None, elementwise_affine: bool = True,
-                 device=None, dtype=None) -> None:
-        super().__init__("RMSNorm", normalized_shape, elementwise_affine, False, device, dtype)
+                 device=None, dtype=None, offset: float = 0.0) -> None:
+        super().__init__("RMSNorm", normalized_shape, elementwise_affine, False, offset, device, dtype)
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
         eps = self.eps if self.eps is not None else _default_rms_norm_eps(x.dtype)
-        return torch.ops.fused.rms_norm(x, self.weight, eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return torch.ops.fused.rms_norm(x, self.weight, eps, self.offset)
 
 
 class AddRMSNorm(RMSNorm):
@@ -124,30 +129,28 @@ class AddRMSNorm(RMSNorm):
 
     def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
         eps = self.eps if self.eps is not None else _default_rms_norm_eps(x.dtype)
-        return torch.ops.fused.add_rms_norm(x, residual, self.weight, eps)
+        return torch.ops.fused.add_rms_norm(x, residual, self.weight, eps, self.offset)
 
 
 class LayerNorm(_Norm):
     """Drop-in for `torch.nn.LayerNorm(normalized_shape)` over the last dim (same arguments and
-    parameter names). The weight and bias may be float32 while x is float16/bfloat16."""
+    parameter names). The weight and bias may be float32 while x is float16/bfloat16. `offset=1.0` is
+    Nemotron's LayerNorm1P (`x̂ * (weight + 1) + bias`, weight initialised to zeros)."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
-                 device=None, dtype=None) -> None:
-        super().__init__("LayerNorm", normalized_shape, elementwise_affine, bias, device, dtype)
+                 device=None, dtype=None, offset: float = 0.0) -> None:
+        super().__init__("LayerNorm", normalized_shape, elementwise_affine, bias, offset, device, dtype)
         self.eps = float(eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.fused.layer_norm(x, self.weight, self.bias, self.eps)
-
-    def extra_repr(self) -> str:
-        return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.elementwise_affine}"
+        return torch.ops.fused.layer_norm(x, self.weight, self.bias, self.eps, self.offset)
 
 
 class AddLayerNorm(LayerNorm):
     """`h = x + residual`, then LayerNorm of h; returns `(out, h)` (h is the next residual)."""
 
     def forward(self, x: Tensor, residual: Tensor) -> Tuple[Tensor, Tensor]:
-        return torch.ops.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps)
+        return torch.ops.fused.add_layer_norm(x, residual, self.weight, self.bias, self.eps, self.offset)
 
 
 class LinearCrossEntropy(torch.nn.Module):

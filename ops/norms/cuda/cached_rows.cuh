@@ -126,7 +126,7 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
       XPack out;
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * static_cast<acc_t>(weight.values[j]);
+        acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight.values[j]);
         if (p.bias) value += static_cast<acc_t>(bias.values[j]);
         out.values[j] = static_cast<scalar_t>(value);
       }
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
-                           static_cast<acc_t>(weight.values[j]), mean);
+                           offset_weight<acc_t>(p, weight.values[j]), mean);
       }
     }
     // The slots' x and grad are in registers and used above: the next row's copies may land.
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(kPacks == 1 ? kNormBackwardWideBlockThreads<kK
       for (int j = 0; j < kWidth; ++j) {
         const acc_t g = static_cast<acc_t>(grad[k].values[j]);
         const acc_t n = statistics.normalized(static_cast<acc_t>(x[k].values[j]));
-        acc_t value = statistics.grad_h(g, static_cast<acc_t>(weight.values[j]), n);
+        acc_t value = statistics.grad_h(g, offset_weight<acc_t>(p, weight.values[j]), n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
         if constexpr (!kRowStatistics) {

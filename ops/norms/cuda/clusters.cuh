@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) rms_norm_forward_cluster
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       out.values[j] =
-          static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) * rstd * static_cast<acc_t>(weight.values[j]));
+          static_cast<scalar_t>(static_cast<acc_t>(h[k].values[j]) * rstd * offset_weight<acc_t>(p, weight.values[j]));
     }
     store_pack<scalar_t, kWidth>(p.out, row * p.columns, packs.pack(k), out);
   }
@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_clust
     XPack out;
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
-      acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * static_cast<acc_t>(weight[k].values[j]);
+      acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight[k].values[j]);
       if (p.bias) value += static_cast<acc_t>(bias[k].values[j]);
       out.values[j] = static_cast<scalar_t>(value);
     }
@@ -320,7 +320,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads)
 #pragma unroll
     for (int j = 0; j < kWidth; ++j) {
       add_backward_terms(sums, static_cast<acc_t>(x[k].values[j]), static_cast<acc_t>(grad[k].values[j]),
-                         static_cast<acc_t>(weight[k].values[j]), mean);
+                         offset_weight<acc_t>(p, weight[k].values[j]), mean);
     }
   }
   if constexpr (kKind != NormKind::Layer) cluster_inboxes_ready();
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads)
     for (int j = 0; j < kWidth; ++j) {
       const acc_t g = static_cast<acc_t>(grad[k].values[j]);
       const acc_t n = row_statistics.normalized(static_cast<acc_t>(x[k].values[j]));
-      acc_t value = row_statistics.grad_h(g, static_cast<acc_t>(weight[k].values[j]), n);
+      acc_t value = row_statistics.grad_h(g, offset_weight<acc_t>(p, weight[k].values[j]), n);
       if (p.grad_residual) value += static_cast<acc_t>(grad_residual[k].values[j]);
       grad_x.values[j] = static_cast<scalar_t>(value);
       weight_grad[j] = static_cast<weight_t>(g * n);

@@ -5,19 +5,23 @@
 
 namespace fused_ops {
 
-at::Tensor layer_norm_cuda(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                          double eps) {
-  return std::get<0>(norm_forward(x, nullptr, weight, bias, eps, [&](const NormForwardProblem& problem) {
-    cuda::norm_forward_cuda<NormKind::Layer>(problem, x.scalar_type(), weight.scalar_type(), x.device());
-  }));
+at::Tensor layer_norm_cuda(const at::Tensor& x, const OptionalWeight& weight, const std::optional<at::Tensor>& bias,
+                           double eps, double offset) {
+  return std::get<0>(norm_forward(x, nullptr, weight, bias, eps, offset,
+                                  [&](const NormForwardProblem& problem, at::ScalarType weight_dtype) {
+                                    cuda::norm_forward_cuda<NormKind::Layer>(problem, x.scalar_type(), weight_dtype,
+                                                                             x.device());
+                                  }));
 }
 
 std::tuple<at::Tensor, at::Tensor> add_layer_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
-                                                      const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                                      double eps) {
-  return norm_forward(x, &residual, weight, bias, eps, [&](const NormForwardProblem& problem) {
-    cuda::norm_forward_cuda<NormKind::Layer>(problem, x.scalar_type(), weight.scalar_type(), x.device());
-  });
+                                                       const OptionalWeight& weight,
+                                                       const std::optional<at::Tensor>& bias, double eps,
+                                                       double offset) {
+  return norm_forward(x, &residual, weight, bias, eps, offset,
+                      [&](const NormForwardProblem& problem, at::ScalarType weight_dtype) {
+                        cuda::norm_forward_cuda<NormKind::Layer>(problem, x.scalar_type(), weight_dtype, x.device());
+                      });
 }
 
 }  // namespace fused_ops

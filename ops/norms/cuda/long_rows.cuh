@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kLongRowThreads) norm_forward_long_row_kernel(
       XPack out;
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
-        acc_t value = (static_cast<acc_t>(values.values[j]) - mean) * rstd * static_cast<acc_t>(weight.values[j]);
+        acc_t value = (static_cast<acc_t>(values.values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight.values[j]);
         if (p.bias) value += static_cast<acc_t>(bias.values[j]);
         out.values[j] = static_cast<scalar_t>(value);
       }
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
 #pragma unroll
       for (int j = 0; j < kWidth; ++j) {
         add_backward_terms(sums, static_cast<acc_t>(x.values[j]), static_cast<acc_t>(grad.values[j]),
-                           static_cast<acc_t>(weight.values[j]), mean);
+                           offset_weight<acc_t>(p, weight.values[j]), mean);
       }
     }
     const BackwardRow<acc_t> row_statistics = backward_row<kKind>(mean, sums, inverse_columns, p.eps, shared);
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kLongRowThreads)
       for (int j = 0; j < kWidth; ++j) {
         const acc_t n = row_statistics.normalized(static_cast<acc_t>(x.values[j]));
         acc_t value =
-            row_statistics.grad_h(static_cast<acc_t>(grad.values[j]), static_cast<acc_t>(weight.values[j]), n);
+            row_statistics.grad_h(static_cast<acc_t>(grad.values[j]), offset_weight<acc_t>(p, weight.values[j]), n);
         if (p.grad_residual) value += static_cast<acc_t>(grad_residual.values[j]);
         grad_x.values[j] = static_cast<scalar_t>(value);
       }

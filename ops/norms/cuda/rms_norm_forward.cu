@@ -5,17 +5,20 @@
 
 namespace fused_ops {
 
-at::Tensor rms_norm_cuda(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return std::get<0>(norm_forward(x, nullptr, weight, std::nullopt, eps, [&](const NormForwardProblem& problem) {
-    cuda::norm_forward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type(), x.device());
-  }));
+at::Tensor rms_norm_cuda(const at::Tensor& x, const OptionalWeight& weight, double eps, double offset) {
+  return std::get<0>(norm_forward(x, nullptr, weight, std::nullopt, eps, offset,
+                                  [&](const NormForwardProblem& problem, at::ScalarType weight_dtype) {
+                                    cuda::norm_forward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight_dtype,
+                                                                           x.device());
+                                  }));
 }
 
 std::tuple<at::Tensor, at::Tensor> add_rms_norm_cuda(const at::Tensor& x, const at::Tensor& residual,
-                                                    const at::Tensor& weight, double eps) {
-  return norm_forward(x, &residual, weight, std::nullopt, eps, [&](const NormForwardProblem& problem) {
-    cuda::norm_forward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight.scalar_type(), x.device());
-  });
+                                                     const OptionalWeight& weight, double eps, double offset) {
+  return norm_forward(x, &residual, weight, std::nullopt, eps, offset,
+                      [&](const NormForwardProblem& problem, at::ScalarType weight_dtype) {
+                        cuda::norm_forward_cuda<NormKind::RMS>(problem, x.scalar_type(), weight_dtype, x.device());
+                      });
 }
 
 }  // namespace fused_ops

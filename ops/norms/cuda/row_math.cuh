@@ -64,9 +64,20 @@ __device__ __forceinline__ acc_t inverse_columns_of(const Problem& p) {
   }
 }
 
+// offset + weight (norm.h) in the compute type: one add on each weight value read, its operand a
+// kernel parameter (0 for a plain norm), so no kernel is instantiated twice.
+template <typename acc_t, typename Problem, typename weight_t>
+__device__ __forceinline__ acc_t offset_weight(const Problem& p, weight_t weight) {
+  if constexpr (std::is_same_v<acc_t, double>) {
+    return p.offset_double + static_cast<acc_t>(weight);
+  } else {
+    return p.offset_float + static_cast<acc_t>(weight);
+  }
+}
+
 // Backward of one row: its sums Σ (h - mean)², Σ gw·(h - mean), Σ gw (gw = grad · weight) over
 // the block give rstd and the means in grad_h = rstd · (gw - mean(gw) - n · mean(gw · n)),
-// n = (h - mean) · rstd (RMS: mean = mean(gw) = 0).
+// n = (h - mean) · rstd (RMS: mean = mean(gw) = 0); `weight` is offset + weight.
 template <typename acc_t>
 __device__ __forceinline__ void add_backward_terms(acc_t (&sums)[3], acc_t h, acc_t grad, acc_t weight, acc_t mean) {
   const acc_t centered = h - mean;
