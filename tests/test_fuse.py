@@ -244,6 +244,24 @@ class OffsetRMSNorm(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (1 + self.weight)
 
 
+class DoubledWeightRMSNorm(OffsetRMSNorm):
+    """An RMSNorm by name and parts whose weight is applied twice over: no fused op computes it."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon) * (2 * self.weight)
+
+
+class WeightlessLayerNorm(torch.nn.Module):
+    """OLMo's LayerNorm: no parameters, its epsilon in the forward's code."""
+
+    def __init__(self, size):
+        super().__init__()
+        self.normalized_shape = (size,)
+
+    def forward(self, x):
+        return torch.nn.functional.layer_norm(x, self.normalized_shape, None, None, eps=1e-5)
+
+
 class LayerNormByAnotherName(torch.nn.Module):
     """Called RMSNorm, computes a LayerNorm without bias: the probe, not the name, decides."""
 
@@ -257,15 +275,21 @@ class LayerNormByAnotherName(torch.nn.Module):
 
 
 def test_norms_are_proven_by_what_they_compute_not_their_names():
-    model = torch.nn.Sequential(OffsetRMSNorm(8), LayerNormByAnotherName(8), torch.nn.RMSNorm(8, eps=1e-6))
+    model = torch.nn.Sequential(DoubledWeightRMSNorm(8), LayerNormByAnotherName(8), torch.nn.RMSNorm(8, eps=1e-6),
+                                OffsetRMSNorm(8), WeightlessLayerNorm(8), torch.nn.LayerNorm(8, elementwise_affine=False))
+    with torch.no_grad():
+        for norm in (model[0], model[3]):
+            norm.weight.normal_()
     x = torch.randn(3, 8)
     want = model(x)
     fused_ops.fuse(model)
     report = model.fused_ops_report
-    assert fused_kind(model[0]) is None and type(model[0]) is OffsetRMSNorm
+    assert fused_kind(model[0]) is None and type(model[0]) is DoubledWeightRMSNorm
     assert [e.detail for e in report.entries if e.path == "0"][0].startswith("not proven")
-    assert dict(type(model[1])._fused_ops_options)["function"] == "layer_norm"
-    assert dict(type(model[2])._fused_ops_options)["function"] == "rms_norm"
+    options = [dict(type(norm)._fused_ops_options) for norm in list(model)[1:]]
+    assert [(o["function"], o["offset"]) for o in options] == [
+        ("layer_norm", 0.0), ("rms_norm", 0.0), ("rms_norm", 1.0), ("layer_norm", 0.0), ("layer_norm", 0.0)]
+    assert options[3]["eps"] == 1e-5
     torch.testing.assert_close(model(x), want)
 
 

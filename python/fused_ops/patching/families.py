@@ -5,8 +5,6 @@ Where structure cannot tell a variant, the probe tells it (patching/probe.py), n
 LLAMA_KIN = frozenset({"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_loss", "causal_mask"})
 # Llama-shaped, but a decoder layer with more norms than the Llama layer's two.
 EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
-# (1 + weight) RMSNorms, which the norm ops cannot take yet.
-GEMMA = frozenset({"gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
 # Experts are not fused (gpt-oss's included); the head adds the router's loss when it is asked for.
 MOE = LLAMA_KIN - {"gated_mlp"}
 
@@ -16,8 +14,9 @@ EXPECTED_FUSIONS = {
     "glm4": EXTRA_NORMS,
     "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": EXTRA_NORMS, "exaone4": EXTRA_NORMS,
     "cohere": EXTRA_NORMS,
-    "gemma": GEMMA, "gemma2": GEMMA, "gemma3_text": GEMMA,
-    "nemotron": frozenset({"rotary", "lm_head_loss", "causal_mask"}),  # LayerNorm1P's (1 + weight)
+    # (1 + weight) norms; Gemma 2 and 3's four-norm layers fuse their pre-feedforward norm with the add.
+    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN, "gemma3_text": LLAMA_KIN,
+    "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
     "gpt_oss": MOE,

@@ -1,4 +1,7 @@
-"""Norms over the last dim: RMSNorm and LayerNorm, torch's and every family's own class."""
+"""Norms over the last dim: RMSNorm and LayerNorm, torch's and every family's own class, with the weight
+as it is or offset by one (Gemma's `1 + weight` RMSNorm, Nemotron's LayerNorm1P), or with no parameters at
+all (OLMo's LayerNorm): the probe proves which, and the epsilon where a weightless norm keeps it in its
+forward's code instead of an attribute."""
 import torch
 
 from ... import _ops
@@ -7,6 +10,8 @@ from ..swap import forward_builder
 from . import LeftAlone, Rule, check_takes_one_input
 
 _EPSILON_NAMES = ("eps", "variance_epsilon", "epsilon")
+# Epsilons to try on a weightless norm with no epsilon attribute (torch's and Llama's defaults).
+_USUAL_EPSILONS = (1e-5, 1e-6)
 
 
 def _epsilon(module):
@@ -19,14 +24,25 @@ def _epsilon(module):
 
 @forward_builder("norm")
 def _norm_forward(base, options):
-    function, eps = options["function"], options["eps"]
+    function, eps, offset = options["function"], options["eps"], options["offset"]
     if function == "rms_norm":
         def forward(self, hidden_states):
-            return _ops.rms_norm(hidden_states, self.weight, eps)
+            return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
     else:
         def forward(self, hidden_states):
-            return _ops.layer_norm(hidden_states, self.weight, getattr(self, "bias", None), eps)
+            return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
+                                   offset=offset)
     return forward
+
+
+def _weightless_size(module):
+    """The normalised size of a norm without parameters, from its `normalized_shape` of one dim."""
+    shape = getattr(module, "normalized_shape", None)
+    if isinstance(shape, int):
+        return shape
+    if isinstance(shape, (tuple, list, torch.Size)) and len(shape) == 1 and isinstance(shape[0], int):
+        return shape[0]
+    return None
 
 
 class NormRule(Rule):
@@ -37,26 +53,32 @@ class NormRule(Rule):
         for name, module in model.named_modules():
             if module._modules:
                 continue
+            if not isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)) and "norm" not in type(module).__name__.lower():
+                continue
             weight = getattr(module, "weight", None)
             parameters = dict(module.named_parameters())
-            if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 1 or set(parameters) - {"weight", "bias"}:
-                continue
-            if isinstance(module, (torch.nn.RMSNorm, torch.nn.LayerNorm)) or "norm" in type(module).__name__.lower():
+            if not parameters and weight is None and _weightless_size(module) is not None:
+                yield name, module
+            elif isinstance(weight, torch.nn.Parameter) and weight.dim() == 1 and not set(parameters) - {"weight", "bias"}:
                 yield name, module
 
     def variants(self, module, context):
         check_takes_one_input(module)
         eps = _epsilon(module)
+        if getattr(module, "weight", None) is None:
+            return [(("eps", eps), ("function", function), ("offset", 0.0))
+                    for eps in ([eps] if eps is not None else _USUAL_EPSILONS) for function in ("layer_norm", "rms_norm")]
         if eps is None:
             raise LeftAlone("no epsilon attribute (eps, variance_epsilon, epsilon) with a number")
         bias = getattr(module, "bias", None)
         if bias is not None and (not isinstance(bias, torch.nn.Parameter) or bias.shape != module.weight.shape):
             raise LeftAlone("its bias is not a parameter of the weight's shape")
         functions = ["layer_norm"] if bias is not None else ["rms_norm", "layer_norm"]
-        return [(("eps", eps), ("function", function)) for function in functions]
+        return [(("eps", eps), ("function", function), ("offset", offset))
+                for function in functions for offset in (0.0, 1.0)]
 
     def inputs(self, module, context):
-        size = module.weight.shape[0]
+        size = module.weight.shape[0] if getattr(module, "weight", None) is not None else _weightless_size(module)
 
         def make(dtype, device):
             # Rows at scales down to the epsilon's, each off zero mean: a wrong epsilon, a missing mean
