@@ -441,3 +441,28 @@ def test_rotary_layout_is_the_one_the_probe_proves(model_type, layout):
     want.loss.backward()
     got.loss.backward()
     assert_gradients_match_stock(fused, stock)
+
+
+@pytest.mark.parametrize("model_type, layer", [("gemma2", "four_norm"), ("glm4", "glm4"), ("phi3", "phi3"),
+                                               ("nemotron", "llama"), ("gpt_oss", "llama")])
+def test_residual_norm_of_each_layer_shape(model_type, layer):
+    """The residual add + the norm after it in Gemma 2's and GLM-4's four-norm layers, Phi-3's layer with
+    dropouts (here 0.2: the same masks in training), Nemotron's LayerNorm1P layer and gpt-oss's layer whose
+    experts return a tuple: the stock loss and gradients in training."""
+    import hf_families
+    config = hf_families.tiny_config(model_type)
+    if model_type == "phi3":
+        config.resid_pdrop = 0.2
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(config).train()
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    layers = [e for e in fused.fused_ops_report.entries if e.kind == "residual_norm"]
+    assert layers and all(e.swapped and f"layer={layer}," in e.detail for e in layers), fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    losses = []
+    for model in (stock, fused):
+        torch.manual_seed(3)
+        losses.append(model(input_ids=ids, labels=ids).loss)
+        losses[-1].backward()
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
+    assert_gradients_match_stock(fused, stock)

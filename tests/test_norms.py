@@ -451,17 +451,24 @@ def test_modules_reject_more_than_the_last_dim():
 
 
 class TransformerBlockNorms(torch.nn.Module):
-    """Every norm module in one model, for the mode tests."""
+    """Every norm module in one model, for the mode tests; with `weight_forms` each weight form: Gemma's
+    (1 + weight) RMSNorm, weightless norms, Nemotron's LayerNorm1P."""
 
-    def __init__(self, features=32):
+    def __init__(self, features=32, weight_forms=False):
         super().__init__()
-        self.rms = fused_ops.nn.RMSNorm(features)
-        self.add_rms = fused_ops.nn.AddRMSNorm(features)
-        self.layer = fused_ops.nn.LayerNorm(features)
-        self.add_layer = fused_ops.nn.AddLayerNorm(features)
+        if weight_forms:
+            self.rms = fused_ops.nn.RMSNorm(features, eps=1e-6, offset=1.0)
+            self.add_rms = fused_ops.nn.AddRMSNorm(features, eps=1e-6, elementwise_affine=False)
+            self.layer = fused_ops.nn.LayerNorm(features, elementwise_affine=False)
+            self.add_layer = fused_ops.nn.AddLayerNorm(features, offset=1.0)
+        else:
+            self.rms = fused_ops.nn.RMSNorm(features)
+            self.add_rms = fused_ops.nn.AddRMSNorm(features)
+            self.layer = fused_ops.nn.LayerNorm(features)
+            self.add_layer = fused_ops.nn.AddLayerNorm(features)
         with torch.no_grad():
             for parameter in self.parameters():
-                parameter.normal_()
+                parameter.normal_(0, 0.5 if weight_forms else 1.0)
 
     def forward(self, x, residual):
         out, h = self.add_rms(x, residual)
@@ -470,17 +477,20 @@ class TransformerBlockNorms(torch.nn.Module):
 
 
 def block_composite(model, x, residual):
+    def weight(module):
+        return None if module.weight is None else module.offset + module.weight
     h = x + residual
-    out = F.rms_norm(h, (32,), model.add_rms.weight, None)
-    out = F.rms_norm(out, (32,), model.rms.weight, None)
+    out = F.rms_norm(h, (32,), weight(model.add_rms), model.add_rms.eps)
+    out = F.rms_norm(out, (32,), weight(model.rms), model.rms.eps)
     h2 = out + h
-    out2 = F.layer_norm(h2, (32,), model.add_layer.weight, model.add_layer.bias)
-    return F.layer_norm(out2, (32,), model.layer.weight, model.layer.bias) + h2
+    out2 = F.layer_norm(h2, (32,), weight(model.add_layer), model.add_layer.bias)
+    return F.layer_norm(out2, (32,), weight(model.layer), model.layer.bias) + h2
 
 
+@pytest.mark.parametrize("weight_forms", [False, True])
 @pytest.mark.parametrize("kind", ["script", "trace"])
-def test_torchscript_save_load(device, kind, tmp_path):
-    model = TransformerBlockNorms().to(device)
+def test_torchscript_save_load(device, kind, weight_forms, tmp_path):
+    model = TransformerBlockNorms(weight_forms=weight_forms).to(device)
     x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -495,9 +505,10 @@ def test_torchscript_save_load(device, kind, tmp_path):
     assert_same_gradients(out, expected, (x, residual), rtol=1e-4, atol=1e-4)
 
 
-def test_compile_fullgraph_dynamic_forward_and_backward(device):
+@pytest.mark.parametrize("weight_forms", [False, True])
+def test_compile_fullgraph_dynamic_forward_and_backward(device, weight_forms):
     torch._dynamo.reset()
-    model = TransformerBlockNorms().to(device)
+    model = TransformerBlockNorms(weight_forms=weight_forms).to(device)
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     for rows in (6, 11):
         x = torch.randn(rows, 32, device=device, requires_grad=True)
@@ -505,12 +516,13 @@ def test_compile_fullgraph_dynamic_forward_and_backward(device):
         out = compiled(x, residual)
         expected = block_composite(model, x, residual)
         torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
-        leaves = (x, residual, model.add_rms.weight, model.add_layer.bias, model.layer.weight)
+        leaves = (x, residual, *model.parameters())
         assert_same_gradients(out, expected, leaves, rtol=1e-3, atol=1e-3)
 
 
-def test_export_keeps_one_node_each(device):
-    model = TransformerBlockNorms().to(device)
+@pytest.mark.parametrize("weight_forms", [False, True])
+def test_export_keeps_one_node_each(device, weight_forms):
+    model = TransformerBlockNorms(weight_forms=weight_forms).to(device)
     x, residual = torch.randn(6, 32, device=device), torch.randn(6, 32, device=device)
     rows = torch.export.Dim("rows")
     exported = torch.export.export(model, (x, residual), dynamic_shapes=({0: rows}, {0: rows}))

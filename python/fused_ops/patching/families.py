@@ -11,8 +11,8 @@ MOE = LLAMA_KIN - {"gated_mlp"}
 EXPECTED_FUSIONS = {
     "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
     "smollm3": LLAMA_KIN, "granite": LLAMA_KIN, "hunyuan_v1_dense": LLAMA_KIN,
-    "glm4": EXTRA_NORMS,
-    "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": EXTRA_NORMS, "exaone4": EXTRA_NORMS,
+    "glm4": LLAMA_KIN,
+    "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": LLAMA_KIN, "exaone4": EXTRA_NORMS,
     "cohere": EXTRA_NORMS,
     # (1 + weight) norms; Gemma 2 and 3's four-norm layers fuse their pre-feedforward norm with the add.
     "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN, "gemma3_text": LLAMA_KIN,

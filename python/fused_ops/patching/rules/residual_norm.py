@@ -1,23 +1,38 @@
 """The decoder layer's residual add + the norm after it as one add_rms_norm / add_layer_norm, where the
-layer has one of two shapes:
-  llama      norm, attention, residual add, norm, MLP, residual add (the norm after the first add is
-             post_attention_layernorm)
+layer is one of these shapes (the norm after the first add is `add_norm`):
+  llama      norm, attention, residual add, norm, MLP, residual add
   four_norm  Gemma 2/3's: norm, attention, post-attention norm, residual add, pre-feedforward norm, MLP,
-             post-feedforward norm, residual add (the norm after the first add is pre_feedforward_layernorm)
-The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is: the probe proves
-which, and that the layer computes what its own forward does."""
+             post-feedforward norm, residual add
+  glm4       GLM-4's: the four-norm layer under other names
+  phi3       Phi-3's: the Llama layer with a dropout on the attention's and the MLP's outputs before
+             each add (in their places: the same random numbers in the same order)
+The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is; the layer's
+forward takes Llama's arguments or Gemma's. The probe proves the variant, and that the layer computes
+what its own forward does."""
+import inspect
+
 import torch
 
 from ... import _ops
-from ..swap import forward_builder, fused_kind
+from ..swap import forward_builder, fused_kind, innermost
 from . import LeftAlone, Rule
 
-_LAYER_CHILDREN = {
-    "llama": {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"},
-    "four_norm": {"input_layernorm", "self_attn", "post_attention_layernorm", "pre_feedforward_layernorm", "mlp",
-                  "post_feedforward_layernorm"},
+# layer: (its children, the norm after the attention, the norm after the first add, the norm after the MLP)
+_LAYERS = {
+    "llama": (None, "post_attention_layernorm", None),
+    "four_norm": ("post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    "glm4": ("post_self_attn_layernorm", "post_attention_layernorm", "post_mlp_layernorm"),
+    "phi3": ("resid_attn_dropout", "post_attention_layernorm", "resid_mlp_dropout"),
 }
-_NORM_AFTER_THE_ADD = {"llama": "post_attention_layernorm", "four_norm": "pre_feedforward_layernorm"}
+_CHILDREN = {layer: {"input_layernorm", "self_attn", "mlp"} | {name for name in names if name}
+             for layer, names in _LAYERS.items()}
+# The arguments of the stock layer's forward, all passed on to the attention.
+_SIGNATURES = {
+    "llama": ["self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
+              "position_embeddings", "kwargs"],
+    "gemma": ["self", "hidden_states", "position_embeddings", "attention_mask", "position_ids", "past_key_values",
+              "kwargs"],
+}
 
 
 def _add_norm(x, residual, norm, options):
@@ -26,54 +41,48 @@ def _add_norm(x, residual, norm, options):
     if x.dtype != residual.dtype:
         common = torch.promote_types(x.dtype, residual.dtype)
         x, residual = x.to(common), residual.to(common)
+    weight = getattr(norm, "weight", None)
     if options["function"] == "rms_norm":
-        return _ops.add_rms_norm(x, residual, getattr(norm, "weight", None), options["eps"], offset=options["offset"])
-    return _ops.add_layer_norm(x, residual, getattr(norm, "weight", None), getattr(norm, "bias", None), options["eps"],
+        return _ops.add_rms_norm(x, residual, weight, options["eps"], offset=options["offset"])
+    return _ops.add_layer_norm(x, residual, weight, getattr(norm, "bias", None), options["eps"],
                                offset=options["offset"])
-
-
-def _norm_is_fused(norm):
-    return fused_kind(norm) == "norm" and not norm._forward_hooks and not norm._forward_pre_hooks
 
 
 @forward_builder("residual_norm")
 def _decoder_layer_forward(base, options):
     stock = base.forward
+    post_attention, add_norm, post_mlp = _LAYERS[options["layer"]]
     first_of_tuple = options["mlp_output"] == "first_of_tuple"
 
-    def mlp(self, hidden_states):
-        output = self.mlp(hidden_states)
-        return output[0] if first_of_tuple else output
+    def layer(self, hidden_states, attention_arguments):
+        norm = getattr(self, add_norm)
+        if fused_kind(norm) != "norm" or norm._forward_hooks or norm._forward_pre_hooks:
+            return stock(self, hidden_states, **attention_arguments)
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_arguments)
+        if post_attention:
+            hidden_states = getattr(self, post_attention)(hidden_states)
+        hidden_states, residual = _add_norm(hidden_states, residual, norm, options)
+        hidden_states = self.mlp(hidden_states)
+        if first_of_tuple:
+            hidden_states = hidden_states[0]
+        if post_mlp:
+            hidden_states = getattr(self, post_mlp)(hidden_states)
+        return residual + hidden_states
 
-    if options["layer"] == "llama":
+    if options["signature"] == "llama":
         def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
                     use_cache=False, position_embeddings=None, **kwargs):
-            if not _norm_is_fused(self.post_attention_layernorm):
-                return stock(self, hidden_states, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, use_cache=use_cache,
-                             position_embeddings=position_embeddings, **kwargs)
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                              position_ids=position_ids, past_key_values=past_key_values,
-                                              use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
-            hidden_states, residual = _add_norm(hidden_states, residual, self.post_attention_layernorm, options)
-            return residual + mlp(self, hidden_states)
+            return layer(self, hidden_states, dict(attention_mask=attention_mask, position_ids=position_ids,
+                                                   past_key_values=past_key_values, use_cache=use_cache,
+                                                   position_embeddings=position_embeddings, **kwargs))
     else:
         def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
                     past_key_values=None, **kwargs):
-            if not _norm_is_fused(self.pre_feedforward_layernorm):
-                return stock(self, hidden_states, position_embeddings=position_embeddings,
-                             attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, **kwargs)
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
-            hidden_states, _ = self.self_attn(hidden_states=hidden_states, position_embeddings=position_embeddings,
-                                              attention_mask=attention_mask, position_ids=position_ids,
-                                              past_key_values=past_key_values, **kwargs)
-            hidden_states = self.post_attention_layernorm(hidden_states)
-            hidden_states, residual = _add_norm(hidden_states, residual, self.pre_feedforward_layernorm, options)
-            return residual + self.post_feedforward_layernorm(mlp(self, hidden_states))
+            return layer(self, hidden_states, dict(position_embeddings=position_embeddings,
+                                                   attention_mask=attention_mask, position_ids=position_ids,
+                                                   past_key_values=past_key_values, **kwargs))
     return forward
 
 
@@ -84,20 +93,28 @@ class ResidualNormRule(Rule):
 
     def candidates(self, model):
         for name, module in model.named_modules():
-            if _LAYER_CHILDREN["llama"] <= set(module._modules):
+            if _CHILDREN["llama"] <= set(module._modules):
                 yield name, module
 
     def variants(self, module, context):
-        layer = next((layer for layer, children in _LAYER_CHILDREN.items() if set(module._modules) == children), None)
+        layer = next((layer for layer, children in _CHILDREN.items() if set(module._modules) == children), None)
         if layer is None:
-            extra = sorted(set(module._modules) - _LAYER_CHILDREN["llama"])
-            raise LeftAlone(f"it has other parts than the Llama or Gemma layer's: {extra}")
-        norm = getattr(module, _NORM_AFTER_THE_ADD[layer])
-        options = dict(getattr(type(norm), "_fused_ops_options", ()))
+            extra = sorted(set(module._modules) - _CHILDREN["llama"])
+            raise LeftAlone(f"it has other parts than the Llama, Gemma, GLM-4 or Phi-3 layer's: {extra}")
+        try:
+            parameters = list(inspect.signature(innermost(type(module).forward)).parameters)
+        except (TypeError, ValueError):
+            parameters = []
+        signature = next((name for name, names in _SIGNATURES.items() if parameters == names), None)
+        if signature is None:
+            raise LeftAlone(f"its forward's arguments are not the Llama or Gemma layer's: {parameters}")
+        add_norm = _LAYERS[layer][1]
+        norm = getattr(module, add_norm)
         if fused_kind(norm) != "norm":
-            raise LeftAlone(f"its {_NORM_AFTER_THE_ADD[layer]} is not a proven norm")
+            raise LeftAlone(f"its {add_norm} is not a proven norm")
+        options = dict(type(norm)._fused_ops_options)
         return [(("eps", options["eps"]), ("function", options["function"]), ("layer", layer),
-                 ("mlp_output", output), ("offset", options.get("offset", 0.0)))
+                 ("mlp_output", output), ("offset", options["offset"]), ("signature", signature))
                 for output in ("tensor", "first_of_tuple")]
 
     def inputs(self, module, context):
