@@ -41,7 +41,8 @@ class MatmulActivations(torch.nn.Module):
 
 
 class MatmulNorms(torch.nn.Module):
-    """A pre-norm residual block: add_rms_norm, matmul, add_layer_norm, rms_norm and layer_norm."""
+    """A pre-norm residual block: add_rms_norm, matmul, add_layer_norm, rms_norm and layer_norm, and
+    the weight forms: an offset (Gemma's 1 + weight) and no weight."""
 
     def __init__(self):
         super().__init__()
@@ -51,15 +52,17 @@ class MatmulNorms(torch.nn.Module):
         self.add_layer = fused_ops.nn.AddLayerNorm(16)
         self.rms = fused_ops.nn.RMSNorm(16, eps=1e-5)
         self.layer = fused_ops.nn.LayerNorm(16, bias=False)
+        self.offset_rms = fused_ops.nn.RMSNorm(16, eps=1e-6, offset=1.0)
+        self.weightless_layer = fused_ops.nn.LayerNorm(16, elementwise_affine=False)
         with torch.no_grad():
-            for norm in (self.add_rms, self.add_layer, self.rms, self.layer):
+            for norm in (self.add_rms, self.add_layer, self.rms, self.layer, self.offset_rms):
                 for parameter in norm.parameters():
                     parameter.copy_(torch.randn(parameter.shape, generator=generator))
 
     def forward(self, x, y):
         normed, residual = self.add_rms(x, y.expand_as(x))
         out, residual = self.add_layer(normed @ self.weight, residual)
-        return self.rms(out) + self.layer(residual), residual
+        return self.rms(out) + self.layer(residual), self.offset_rms(out) * self.weightless_layer(residual)
 
 
 class MatmulRotary(torch.nn.Module):
@@ -116,6 +119,21 @@ class MatmulLinearLogProbs(torch.nn.Module):
     def forward(self, x, y):
         hidden = (x @ self.weight) * y
         return torch.ops.fused.linear_log_probs(hidden, self.head, self.target, self.head_bias, 0.8, -100, True)
+
+
+class EveryFamily(torch.nn.Module):
+    """Every model below in one, their outputs in one tuple: one compiled package covers every op."""
+
+    def __init__(self):
+        super().__init__()
+        self.models = torch.nn.ModuleList([model() for model in MODELS.values()])
+
+    def forward(self, x, y):
+        outputs = []
+        for model in self.models:
+            result = model(x, y)
+            outputs.extend(result if isinstance(result, tuple) else (result,))
+        return tuple(outputs)
 
 
 MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms,

@@ -187,10 +187,11 @@ def test_matches_the_family_module(device, family, dtype):
 # ---------------------------------------------------------------------------------------------
 # Modules and modes.
 
-def test_modules_with_an_offset_start_at_zeros_and_without_weight_hold_none():
-    assert torch.equal(fused_ops.nn.RMSNorm(8, offset=1.0).weight, torch.zeros(8))
-    assert torch.equal(fused_ops.nn.AddLayerNorm(8, offset=1.0).weight, torch.zeros(8))
-    assert torch.equal(fused_ops.nn.LayerNorm(8).weight, torch.ones(8))
+def test_modules_start_with_torchs_weights_also_with_an_offset_and_without_weight_hold_none():
+    for module in [fused_ops.nn.RMSNorm(8, offset=1.0), fused_ops.nn.AddLayerNorm(8, offset=1.0),
+                   fused_ops.nn.LayerNorm(8)]:
+        assert torch.equal(module.weight, torch.ones(8))
+    assert torch.equal(fused_ops.nn.LayerNorm(8, offset=1.0).bias, torch.zeros(8))
     for module, eager in [(fused_ops.nn.RMSNorm(8, elementwise_affine=False),
                            torch.nn.RMSNorm(8, elementwise_affine=False)),
                           (fused_ops.nn.AddLayerNorm(8, elementwise_affine=False),
@@ -198,6 +199,33 @@ def test_modules_with_an_offset_start_at_zeros_and_without_weight_hold_none():
         assert module.weight is None and module.bias is None
         assert module.state_dict().keys() == eager.state_dict().keys() == set()
     assert "offset=1.0" in repr(fused_ops.nn.RMSNorm(8, offset=1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("form", ["offset", "no_weight"])
+@pytest.mark.parametrize("module", ["RMSNorm", "AddRMSNorm"])
+def test_fresh_modules_compute_what_a_fresh_offset_or_weightless_norm_computes(device, module, form, dtype):
+    """A module built as a Gemma-style (offset 1, weight ones: x̂ · 2) or weightless norm, with no
+    weight loaded, against the float64 composite of the same fresh parameters: outputs and gradients."""
+    hidden, eps = 123, 1e-6
+    kwargs = {"offset": 1.0} if form == "offset" else {"elementwise_affine": False}
+    norm = getattr(fused_ops.nn, module)(hidden, eps=eps, **kwargs).to(device=device, dtype=dtype)
+    inputs = [random((5, 7, hidden), dtype, device).requires_grad_(True) for _ in range(module.count("Add") + 1)]
+    outs = norm(*inputs)
+    outs = list(outs) if isinstance(outs, tuple) else [outs]
+    inputs64 = [t.detach().double().requires_grad_(True) for t in inputs]
+    weight64 = None if norm.weight is None else norm.weight.detach().double().requires_grad_(True)
+    h64 = sum(inputs64)
+    expected = [rms_norm_reference(h64, weight64, eps, 1.0 if form == "offset" else 0.0)] + ([h64] if len(inputs) > 1 else [])
+    for out, want in zip(outs, expected, strict=True):
+        assert_close_to_reference(out.detach(), want.detach(), dtype, SCALE)
+    grad_outs = [random(out.shape, dtype, device) for out in outs]
+    leaves, leaves64 = inputs + list(norm.parameters()), inputs64 + ([weight64] if weight64 is not None else [])
+    grads = torch.autograd.grad(outs, leaves, grad_outs)
+    expected_grads = torch.autograd.grad(expected, leaves64, [g.double() for g in grad_outs])
+    for grad, want, leaf in zip(grads, expected_grads, leaves, strict=True):
+        rows = 35 if leaf.dim() == 1 else 1
+        assert_close_to_reference(grad, want, dtype, SCALE * (math.sqrt(rows) if leaf.dim() == 1 else 2))
     with pytest.raises(ValueError, match="RMSNorm: offset is added to the weight, so it must be 0.0 without "
                                          "elementwise_affine, got 1.0"):
         fused_ops.nn.RMSNorm(8, elementwise_affine=False, offset=1.0)

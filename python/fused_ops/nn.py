@@ -79,8 +79,9 @@ def _default_rms_norm_eps(dtype: torch.dtype) -> float:
 
 
 class _Norm(torch.nn.Module):
-    """Weight (and bias) over the last dim, created as torch.nn.RMSNorm / LayerNorm create them: ones,
-    or zeros with a weight offset (the norm multiplies by `offset + weight`, Gemma's `1 + weight`).
+    """Weight (and bias) over the last dim, created as torch.nn.RMSNorm / LayerNorm create them: weight
+    ones, bias zeros, also with a weight offset (the norm multiplies by `offset + weight`), as Liger's and
+    Nemotron's norms start; Gemma starts its weight at zeros (`torch.nn.init.zeros_(norm.weight)`).
     Without elementwise_affine there is no weight (None, as torch's) and no bias, and offset must be 0."""
 
     def __init__(self, module: str, normalized_shape, elementwise_affine: bool, bias: bool, offset: float,
@@ -95,8 +96,7 @@ class _Norm(torch.nn.Module):
                              f"elementwise_affine, got {offset}")
         self.weight: Optional[Tensor] = None
         if elementwise_affine:
-            initial = torch.zeros if self.offset != 0.0 else torch.ones
-            self.weight = torch.nn.Parameter(initial(size, device=device, dtype=dtype))
+            self.weight = torch.nn.Parameter(torch.ones(size, device=device, dtype=dtype))
         self.bias: Optional[Tensor] = None
         if elementwise_affine and bias:
             self.bias = torch.nn.Parameter(torch.zeros(size, device=device, dtype=dtype))
@@ -111,8 +111,7 @@ class RMSNorm(_Norm):
     the machine epsilon of the type the norm computes in, as there: `torch.finfo(torch.float32).eps`
     for float16, bfloat16 and float32 x, `torch.finfo(torch.float64).eps` for float64. The weight may be
     float32 while x is float16/bfloat16
-    (mixed precision); the output has x's dtype. `offset=1.0` is Gemma's RMSNorm (`x̂ * (1 + weight)`,
-    weight initialised to zeros), the sum and product in float32 before the one rounding to x's dtype."""
+    (mixed precision); the output has x's dtype. `offset=1.0` is Gemma's RMSNorm (`x̂ * (1 + weight)`), the sum and product in float32 before the one rounding to x's dtype."""
 
     def __init__(self, normalized_shape, eps: Optional[float] = None, elementwise_affine: bool = True,
                  device=None, dtype=None, offset: float = 0.0) -> None:
@@ -135,7 +134,7 @@ class AddRMSNorm(RMSNorm):
 class LayerNorm(_Norm):
     """Drop-in for `torch.nn.LayerNorm(normalized_shape)` over the last dim (same arguments and
     parameter names). The weight and bias may be float32 while x is float16/bfloat16. `offset=1.0` is
-    Nemotron's LayerNorm1P (`x̂ * (weight + 1) + bias`, weight initialised to zeros)."""
+    Nemotron's LayerNorm1P (`x̂ * (weight + 1) + bias`)."""
 
     def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True, bias: bool = True,
                  device=None, dtype=None, offset: float = 0.0) -> None:
