@@ -24,7 +24,7 @@ fi
 
 missing=$("$PY" - <<'PYEOF'
 import importlib.util, shutil
-wanted = {"pytest": "pytest", "hypothesis": "hypothesis", "numpy": "numpy",
+wanted = {"pytest": "pytest", "xdist": "pytest-xdist", "hypothesis": "hypothesis", "numpy": "numpy",
           "matplotlib": "matplotlib", "scikit_build_core": "scikit-build-core",
           "transformers": "transformers==5.17.0", "peft": "peft"}
 missing = [pip for module, pip in wanted.items() if importlib.util.find_spec(module) is None]

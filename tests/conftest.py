@@ -12,6 +12,10 @@ CUDA_AVAILABLE = torch.cuda.is_available() and fused_ops.cuda_kernels_compiled()
 DEVICES = ["cpu", "cuda"] if CUDA_AVAILABLE else ["cpu"]
 # Slow tests (huge tensors, long determinism runs) run where FUSED_OPS_SLOW=1 (scripts/gpu_check.sh).
 RUN_SLOW = os.environ.get("FUSED_OPS_SLOW") == "1"
+# Under pytest-xdist (scripts/test.sh runs two workers) each worker takes its share of the cores
+# instead of one intra-op thread per core each.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def pytest_configure(config):

@@ -115,8 +115,10 @@ def is_norm(module):
 
 
 def is_gated_mlp(module):
+    """A dense gated MLP, or the experts of a mixture whose products transformers groups around a gate."""
     children = set(module._modules)
-    return {"gate_proj", "up_proj", "down_proj"} <= children or {"gate_up_proj", "down_proj"} <= children
+    experts = callable(getattr(type(module), "_apply_gate", None)) and getattr(module, "has_gate", False)
+    return {"gate_proj", "up_proj", "down_proj"} <= children or {"gate_up_proj", "down_proj"} <= children or experts
 
 
 def fused_op_calls(function):

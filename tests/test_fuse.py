@@ -424,6 +424,34 @@ def test_moe_head_adds_the_router_loss_to_the_fused_loss(model_type):
     stock.config.output_router_logits = fused.config.output_router_logits = False
 
 
+@pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "gpt_oss"])
+def test_experts_gate_runs_as_gated_mul_between_transformers_products(model_type, implementation):
+    """The experts' `act(gate) * up` runs as gated_mul, once per MoE layer, under each experts
+    implementation that calls the gate (the eager loop does not: it computes its own, unchanged), with the
+    stock loss and gradients; gpt-oss's clamped gate is left alone, not proven."""
+    import hf_families
+    stock = hf_families.build(model_type)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    for model in (stock, fused):
+        model.set_experts_implementation(implementation)
+    gates = [e for e in fused.fused_ops_report.entries if e.kind == "experts_gate"]
+    assert len(gates) == stock.config.num_hidden_layers, fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    if model_type == "gpt_oss":
+        assert not any(e.swapped for e in gates) and all("not proven" in e.detail for e in gates)
+        assert "gated_mul" not in calls, calls
+    else:
+        assert all(e.swapped and e.detail == "activation=silu" for e in gates), fused.fused_ops_report
+        assert calls.get("gated_mul", 0) == (0 if implementation == "eager" else len(gates)), calls
+    want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    assert_gradients_match_stock(fused, stock)
+
+
 @pytest.mark.parametrize("model_type, layout", [("llama", "rotate_half"), ("cohere", "interleaved"),
                                                 ("glm4", "interleaved_half_table"),
                                                 ("gpt_oss", "rotate_half_half_table")])

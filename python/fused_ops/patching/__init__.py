@@ -15,6 +15,7 @@ from .report import Entry, FusionReport
 from .rules import LeftAlone
 from .rules.bias_gelu import BiasGELURule
 from .rules.causal_mask import CausalMaskRule
+from .rules.experts_gate import ExpertsGateRule
 from .rules.gated_mlp import GatedMLPRule
 from .rules.lm_head import LMHeadLossRule
 from .rules.norm import NormRule
@@ -25,8 +26,8 @@ from .swap import fused_class, fused_kind, swap
 logger = logging.getLogger("fused_ops")
 
 # The order matters once: residual_norm builds on the norms proven before it.
-_RULES = [(GatedMLPRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"), (LMHeadLossRule(), "cross_entropy"),
-          (NormRule(), "norms"), (ResidualNormRule(), "residual_norms"), (CausalMaskRule(), "causal_mask")]
+_RULES = [(GatedMLPRule(), "mlp"), (ExpertsGateRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"),
+          (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (ResidualNormRule(), "residual_norms"), (CausalMaskRule(), "causal_mask")]
 
 
 class _Context:

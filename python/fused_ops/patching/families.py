@@ -5,8 +5,9 @@ Where structure cannot tell a variant, the probe tells it (patching/probe.py), n
 LLAMA_KIN = frozenset({"norm", "gated_mlp", "rotary", "residual_norm", "lm_head_loss", "causal_mask"})
 # Llama-shaped, but a decoder layer with more norms than the Llama layer's two.
 EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_mask"})
-# Experts are not fused (gpt-oss's included); the head adds the router's loss when it is asked for.
-MOE = LLAMA_KIN - {"gated_mlp"}
+# The experts' gate between transformers' grouped products is fused, not the products; the head adds the
+# router's loss when it is asked for.
+MOE = LLAMA_KIN - {"gated_mlp"} | {"experts_gate"}
 
 EXPECTED_FUSIONS = {
     "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
@@ -19,5 +20,5 @@ EXPECTED_FUSIONS = {
     "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
-    "gpt_oss": MOE,
+    "gpt_oss": MOE - {"experts_gate"},  # its gate is a clamped SwiGLU with a scale, not act(gate) * up
 }

@@ -1,4 +1,5 @@
-"""Instance-level swaps: a module gets a subclass of its own class whose forward is the fused one.
+"""Instance-level swaps: a module gets a subclass of its own class whose forward (or the one method a
+forward calls, as an experts module's gate) is the fused one.
 
 Attributes, parameters, hooks and isinstance checks stay as they were; nothing process-wide changes. A
 fused class is named by (its base class, the kind of fusion, the options), which is also how it pickles:
@@ -11,13 +12,14 @@ from typing import Callable, Dict, Tuple
 
 import torch
 
-# kind -> function(base_class, options: dict) -> forward
+# kind -> function(base_class, options: dict) -> forward, or {method name: method}
 _FORWARD_BUILDERS: Dict[str, Callable] = {}
 _CLASSES: Dict[Tuple, type] = {}
 
 
 def forward_builder(kind: str):
-    """Registers the function that makes a fused forward of `kind` for a base class and options."""
+    """Registers the function that makes a fused forward of `kind` (or the fused methods, by name) for a base
+    class and options."""
     def register(build):
         _FORWARD_BUILDERS[kind] = build
         return build
@@ -25,12 +27,14 @@ def forward_builder(kind: str):
 
 
 def fused_class(base: type, kind: str, options: tuple) -> type:
-    """The one subclass of `base` whose forward is `kind`'s with `options` (a tuple of (name, value) pairs)."""
+    """The one subclass of `base` whose forward (or other methods) are `kind`'s with `options` (a tuple of
+    (name, value) pairs)."""
     key = (base, kind, options)
     if key not in _CLASSES:
-        forward = _FORWARD_BUILDERS[kind](base, dict(options))
+        built = _FORWARD_BUILDERS[kind](base, dict(options))
+        methods = built if isinstance(built, dict) else {"forward": built}
         _CLASSES[key] = type(f"Fused{base.__name__}", (base,), {
-            "forward": forward, "_fused_ops_kind": kind, "_fused_ops_options": options,
+            **methods, "_fused_ops_kind": kind, "_fused_ops_options": options,
             "__reduce_ex__": _reduce_fused, "__module__": base.__module__})
     return _CLASSES[key]
 
