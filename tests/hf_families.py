@@ -24,8 +24,16 @@ MAX_PARAMETERS = 8_000_000
 # Families whose tiny model takes a minute a forward on the CPU (Python loops of linear attention):
 # tested with the slow tests.
 SLOW = {"kimi_linear"}
-# Families whose default config needs more than TINY to build small.
+# Families whose default config needs more than TINY to build small: GPT-J's rotary dim within the head;
+# multi-head latent attention's (DeepSeek and its kin) own head dims, one key-value head a query head;
+# RoCBERT's pronunciation and shape embeddings.
+_LATENT_ATTENTION = dict(qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, qk_head_dim=24, head_dim=8,
+                         kv_lora_rank=32, q_lora_rank=32, num_key_value_heads=4)
 OVERRIDES = {
+    "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
+    **{family: _LATENT_ATTENTION for family in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "youtu", "axk2",
+                                                "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "hy_v4")},
+    "roc_bert": dict(pronunciation_embed_dim=16, pronunciation_vocab_size=32, shape_embed_dim=16, shape_vocab_size=32),
 }
 
 
