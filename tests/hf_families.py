@@ -26,7 +26,9 @@ MAX_PARAMETERS = 8_000_000
 SLOW = {"kimi_linear"}
 # Families whose default config needs more than TINY to build small: GPT-J's rotary dim within the head;
 # multi-head latent attention's (DeepSeek and its kin) own head dims, one key-value head a query head;
-# RoCBERT's pronunciation and shape embeddings.
+# RoCBERT's pronunciation and shape embeddings; an attention layer among the two of the hybrids (Jamba,
+# RecurrentGemma); Mamba-2's heads covering its expanded width; RWKV's attention width; Gemma 3's vision
+# tower (its causal LM is the image-text model).
 _LATENT_ATTENTION = dict(qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, qk_head_dim=24, head_dim=8,
                          kv_lora_rank=32, q_lora_rank=32, num_key_value_heads=4)
 OVERRIDES = {
@@ -34,6 +36,12 @@ OVERRIDES = {
     **{family: _LATENT_ATTENTION for family in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "youtu", "axk2",
                                                 "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "hy_v4")},
     "roc_bert": dict(pronunciation_embed_dim=16, pronunciation_vocab_size=32, shape_embed_dim=16, shape_vocab_size=32),
+    "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    "mamba2": dict(num_heads=8),
+    "rwkv": dict(attention_hidden_size=64),
+    "gemma3": dict(mm_tokens_per_image=4, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                            num_attention_heads=2, image_size=32, patch_size=8)),
 }
 
 
@@ -50,7 +58,10 @@ def tiny_config(model_type):
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     for target in {id(config): config, id(text_config): text_config}.values():
         for name, value in {**TINY, **OVERRIDES.get(model_type, {})}.items():
-            if hasattr(target, name):
+            if isinstance(value, dict):  # a sub-config's sizes (a multimodal model's vision tower)
+                for sub_name, sub_value in value.items() if hasattr(target, name) else ():
+                    setattr(getattr(target, name), sub_name, sub_value)
+            elif hasattr(target, name):
                 try:
                     setattr(target, name, value)
                 except Exception:  # a read-only property of that family's config
