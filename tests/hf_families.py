@@ -118,7 +118,7 @@ def batch(model, seed=1):
 
 # The families every part of which fuse() runs as fused ops (each with the parts it may leave).
 FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "granite", "glm4", "olmo2", "olmo3",
-               "phi3", "gemma", "gemma2", "gemma3_text", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
+               "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss"]
 
 FUSED_OPS_OF_PART = {

@@ -424,6 +424,39 @@ def test_moe_head_adds_the_router_loss_to_the_fused_loss(model_type):
     stock.config.output_router_logits = fused.config.output_router_logits = False
 
 
+def test_gemma3_image_text_model_fuses_its_head_and_loss_with_images():
+    """Gemma 3's image-text model (its checkpoints' class): with images, token types and labels, the head
+    + loss runs as linear_cross_entropy and the vision tower's norms as layer_norm, with the stock loss
+    and every gradient, the vision tower's included."""
+    import hf_families
+    stock = hf_families.build("gemma3")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    head = [e for e in fused.fused_ops_report.entries if e.kind == "lm_head_loss"]
+    assert len(head) == 1 and head[0].swapped and "signature=image_text" in head[0].detail, fused.fused_ops_report
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, stock.config.text_config.vocab_size, (2, 12), generator=generator)
+    ids[:, 2:2 + stock.config.mm_tokens_per_image] = stock.config.image_token_id
+    token_type_ids = (ids == stock.config.image_token_id).long()
+    pixel_values = torch.randn(2, 3, 32, 32, generator=generator)
+    labels = ids.masked_fill(token_type_ids == 1, -100)
+    inputs = dict(input_ids=ids, pixel_values=pixel_values, token_type_ids=token_type_ids, labels=labels)
+    want, got = stock(**inputs), fused(**inputs)
+    assert got.logits is None and got.image_hidden_states is not None
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got.image_hidden_states, want.image_hidden_states)
+    want.loss.backward()
+    got.loss.backward()
+    assert stock.model.vision_tower.embeddings.patch_embedding.weight.grad is not None
+    for (name, ours), theirs in zip(fused.named_parameters(), stock.parameters(), strict=True):
+        if theirs.grad is None:  # parameters this forward does not use (the vision head's)
+            assert ours.grad is None, name
+        else:
+            largest = theirs.grad.abs().max().item()
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5 * max(largest, 1.0), msg=name)
+    calls = hf_families.fused_op_calls(lambda: fused(**inputs))
+    assert calls.get("linear_cross_entropy_with_gradients") == 1 and calls.get("layer_norm", 0) > 0, calls
+
+
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "gpt_oss"])
 def test_experts_gate_runs_as_gated_mul_between_transformers_products(model_type, implementation):

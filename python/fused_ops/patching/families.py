@@ -16,7 +16,7 @@ EXPECTED_FUSIONS = {
     "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": LLAMA_KIN, "exaone4": EXTRA_NORMS,
     "cohere": EXTRA_NORMS,
     # (1 + weight) norms; Gemma 2 and 3's four-norm layers fuse their pre-feedforward norm with the add.
-    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN, "gemma3_text": LLAMA_KIN,
+    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN, "gemma3_text": LLAMA_KIN, "gemma3": LLAMA_KIN,  # gemma3: image-text
     "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},

@@ -3,7 +3,8 @@
 What families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
 Granite's `1 / logits_scaling`), taken on the rows before the product, and a final-logit softcap
 (Gemma 2 and 3), which the op applies. The MoE families' router loss (`output_router_logits`) is added to
-the fused loss by the family's own `load_balancing_loss_func`, as its stock forward adds it.
+the fused loss by the family's own `load_balancing_loss_func`, as its stock forward adds it. Gemma 3's
+image-text model has a forward of its own arguments (images and token types go to its base model).
 
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
@@ -25,32 +26,20 @@ _PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_
 _MOE_PARAMETERS = _PARAMETERS[:8] + ["output_router_logits"] + _PARAMETERS[8:]
 
 
+# Gemma 3's image-text model: the image inputs and the labels go to the base model, the loss is the
+# causal LM's.
+_IMAGE_TEXT_PARAMETERS = ["self", "input_ids", "pixel_values", "attention_mask", "position_ids", "past_key_values",
+                          "token_type_ids", "inputs_embeds", "labels", "use_cache", "logits_to_keep", "lm_kwargs"]
+
+
 @forward_builder("lm_head_loss")
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap = options["logit_scale"], options["softcap"]
     router_loss_function = innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"] else None
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-        shift_labels = kwargs.get("shift_labels")
-        router_loss = kwargs.get("output_router_logits")
-        if router_loss is None:
-            router_loss = getattr(getattr(self, "config", None), "output_router_logits", False)
-        if (not (self.training and (labels is not None or shift_labels is not None))
-                or (router_loss and router_loss_function is None) or not is_plain_linear(self.lm_head)):
-            return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                         use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
-        num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-        kwargs.pop("shift_labels", None)
-        kwargs.pop("output_router_logits", None)
-        if options["router_loss"]:
-            kwargs["output_router_logits"] = bool(router_loss)
-        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             **kwargs)
-        hidden_states = outputs.last_hidden_state
+    def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
+        """The causal LM's loss of the head over `hidden_states`, without the logits."""
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden_states = hidden_states[:, slice_indices, :]
         if shift_labels is None:
@@ -64,14 +53,61 @@ def _causal_lm_forward(base, options):
         if num_items_in_batch is not None:
             loss = loss / (num_items_in_batch.to(loss.device) if torch.is_tensor(num_items_in_batch)
                            else num_items_in_batch)
-        extra = {}
-        if router_loss:
-            aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
-                                            attention_mask)
-            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
-            extra = dict(aux_loss=aux_loss, router_logits=outputs.router_logits)
-        return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                            hidden_states=outputs.hidden_states, attentions=outputs.attentions, **extra)
+        return loss
+
+    def runs_stock(self, labels, shift_labels):
+        return not (self.training and (labels is not None or shift_labels is not None)) or not is_plain_linear(self.lm_head)
+
+    if options.get("signature") == "image_text":
+        def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
+                    past_key_values=None, token_type_ids=None, inputs_embeds=None, labels=None, use_cache=None,
+                    logits_to_keep=0, **lm_kwargs):
+            shift_labels = lm_kwargs.get("shift_labels")
+            if runs_stock(self, labels, shift_labels):
+                return stock(self, input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
+                             position_ids=position_ids, past_key_values=past_key_values,
+                             token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, labels=labels,
+                             use_cache=use_cache, logits_to_keep=logits_to_keep, **lm_kwargs)
+            num_items_in_batch = lm_kwargs.pop("num_items_in_batch", None)
+            lm_kwargs.pop("shift_labels", None)
+            outputs = self.model(input_ids=input_ids, pixel_values=pixel_values, token_type_ids=token_type_ids,
+                                 attention_mask=attention_mask, position_ids=position_ids,
+                                 past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                                 labels=labels, return_dict=True, **lm_kwargs)
+            loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep,
+                              num_items_in_batch)
+            return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                hidden_states=outputs.hidden_states, attentions=outputs.attentions,
+                                image_hidden_states=getattr(outputs, "image_hidden_states", None))
+    else:
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+            shift_labels = kwargs.get("shift_labels")
+            router_loss = kwargs.get("output_router_logits")
+            if router_loss is None:
+                router_loss = getattr(getattr(self, "config", None), "output_router_logits", False)
+            if runs_stock(self, labels, shift_labels) or (router_loss and router_loss_function is None):
+                return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
+                             use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
+            num_items_in_batch = kwargs.pop("num_items_in_batch", None)
+            kwargs.pop("shift_labels", None)
+            kwargs.pop("output_router_logits", None)
+            if options["router_loss"]:
+                kwargs["output_router_logits"] = bool(router_loss)
+            outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                                 **kwargs)
+            loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep,
+                              num_items_in_batch)
+            extra = {}
+            if router_loss:
+                aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                                                attention_mask)
+                loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+                extra = dict(aux_loss=aux_loss, router_logits=outputs.router_logits)
+            return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                hidden_states=outputs.hidden_states, attentions=outputs.attentions, **extra)
     if stock is not innermost(stock):  # keep the return_dict=False handling of transformers' decorator
         from transformers.utils.generic import can_return_tuple
         forward = can_return_tuple(forward)
@@ -107,7 +143,7 @@ class LMHeadLossRule(Rule):
     def variants(self, module, context):
         if "model" not in module._modules:
             raise LeftAlone("its base model is not at .model")
-        if _parameters(module) not in (_PARAMETERS, _MOE_PARAMETERS):
+        if _parameters(module) not in (_PARAMETERS, _MOE_PARAMETERS, _IMAGE_TEXT_PARAMETERS):
             raise LeftAlone(f"its forward's arguments are not the Llama-shaped causal LM's: {_parameters(module)}")
         if not isinstance(module.lm_head, torch.nn.Linear):
             raise LeftAlone("its head is not an nn.Linear")
@@ -125,8 +161,9 @@ class LMHeadLossRule(Rule):
         if module.lm_head.bias is not None:
             scales = [1.0]  # a scale taken on the rows would scale the bias too
         router_loss = _has_router_loss(module)
+        signature = (("signature", "image_text"),) if _parameters(module) == _IMAGE_TEXT_PARAMETERS else ()
         return [(("logit_scale", scale), ("output_class", type(output)), ("router_loss", router_loss),
-                 ("softcap", softcap)) for scale in scales]
+                 ("softcap", softcap)) + signature for scale in scales]
 
     def verify(self, module, fused_cls, context):
         base_output = context.captured_output(module.model)
