@@ -111,7 +111,8 @@ class RMSNorm(_Norm):
     the machine epsilon of the type the norm computes in, as there: `torch.finfo(torch.float32).eps`
     for float16, bfloat16 and float32 x, `torch.finfo(torch.float64).eps` for float64. The weight may be
     float32 while x is float16/bfloat16
-    (mixed precision); the output has x's dtype. `offset=1.0` is Gemma's RMSNorm (`x̂ * (1 + weight)`), the sum and product in float32 before the one rounding to x's dtype."""
+    (mixed precision); the output has x's dtype. `offset=1.0` is Gemma's RMSNorm (`x̂ * (1 + weight)`),
+    the sum and product in float32 before the one rounding to x's dtype."""
 
     def __init__(self, normalized_shape, eps: Optional[float] = None, elementwise_affine: bool = True,
                  device=None, dtype=None, offset: float = 0.0) -> None:

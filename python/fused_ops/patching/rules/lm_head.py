@@ -56,7 +56,8 @@ def _causal_lm_forward(base, options):
         return loss
 
     def runs_stock(self, labels, shift_labels):
-        return not (self.training and (labels is not None or shift_labels is not None)) or not is_plain_linear(self.lm_head)
+        training_with_labels = self.training and (labels is not None or shift_labels is not None)
+        return not training_with_labels or not is_plain_linear(self.lm_head)
 
     if options.get("signature") == "image_text":
         def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
