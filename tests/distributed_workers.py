@@ -10,9 +10,10 @@ import torch.distributed as dist
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(rank, world, rendezvous, device, check, args):
+def run(rank, world, rendezvous, device, checks, finished):
     """Entry point of one spawned process: join the group (rendezvous through the file `rendezvous`),
-    run `check`, leave."""
+    run each (check, args) of `checks` in turn, rank 0 appending each finished check's name to the file
+    `finished`, leave. A check that fails ends the process (and spawn ends the others)."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
     backend = "nccl" if device == "cuda" else "gloo"
@@ -20,8 +21,12 @@ def run(rank, world, rendezvous, device, check, args):
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     import fused_ops  # noqa: F401  (registers the ops; the sharding rules join with DTensor)
-    globals()[check](device, *args)
-    dist.barrier()
+    for check, args in checks:
+        globals()[check](device, *args)
+        dist.barrier()
+        if rank == 0:
+            with open(finished, "a") as file:
+                file.write(check_id(check, args) + "\n")
     dist.destroy_process_group()
     # Leave without the interpreter's teardown: after a clean finish, a gloo process that used DTensor
     # aborts there now and then ("terminate called without an active exception") in torch's own
@@ -29,6 +34,11 @@ def run(rank, world, rendezvous, device, check, args):
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def check_id(check, args):
+    """One line naming a check and its arguments."""
+    return f"{check}{args!r}".replace("\n", " ")
 
 
 # ---- every op on DTensors

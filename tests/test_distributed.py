@@ -3,6 +3,8 @@ are visible): every op on DTensors of every placement against the op on the full
 the ops cannot run locally redistributed, and a tensor-parallel + sequence-parallel + FSDP2 training
 step against the same model on one process, eagerly and compiled. The work of each process is in
 tests/distributed_workers.py."""
+import fcntl
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,12 +20,48 @@ from op_specs import OPS
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
 
 
-def spawn(world, device, check, *args):
-    """Runs distributed_workers.<check>(device, *args) in `world` new processes of one group."""
+def spawn(world, device, checks):
+    """Runs each (check, args) of `checks` (distributed_workers.<check>(device, *args)) in turn in `world`
+    new processes of one group; returns the ids of the checks that finished and the error that stopped
+    the rest (None where none did)."""
     with tempfile.TemporaryDirectory() as directory:
-        rendezvous = os.path.join(directory, "rendezvous")
-        torch.multiprocessing.spawn(distributed_workers.run, args=(world, rendezvous, device, check, args),
-                                    nprocs=world, join=True)
+        finished = os.path.join(directory, "finished")
+        open(finished, "w").close()
+        error = None
+        try:
+            torch.multiprocessing.spawn(distributed_workers.run, nprocs=world, join=True,
+                                        args=(world, os.path.join(directory, "rendezvous"), device, checks, finished))
+        except Exception as exception:  # noqa: BLE001  (raised again by the check's own spawn)
+            error = exception
+        with open(finished) as file:
+            return set(file.read().splitlines()), error
+
+
+@pytest.fixture
+def run_check(tmp_path_factory):
+    """run_check(world, device, check, *args) makes one check of CHECKS. Every check of `world` processes
+    runs in one spawn shared by the whole test run (a process group's start and each process's imports
+    cost more than most checks), made on first use by whichever pytest-xdist worker needs it first (the
+    others wait for it); a check that spawn did not finish (an earlier one failed) runs in a spawn of its
+    own, which raises the check's own error."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # seen by every worker of the run
+
+    def run(world, device, check, *args):
+        assert (check, args) in CHECKS[world], f"{check}{args} is not in CHECKS[{world}]"
+        outcome = shared / f"distributed-{world}-{device}-finished"
+        with open(f"{outcome}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not outcome.exists():
+                finished, _ = spawn(world, device, CHECKS[world])
+                outcome.write_text("\n".join(sorted(finished)))
+            finished = set(outcome.read_text().splitlines())
+        if distributed_workers.check_id(check, args) in finished:
+            return
+        _, error = spawn(world, device, [(check, args)])
+        if error is not None:
+            raise error
+    return run
 
 
 def devices(world):
@@ -36,62 +74,80 @@ def devices(world):
 # linear_cross_entropy (a loss over the rows) have their own tests.
 ROW_OPS = [spec.name for spec in OPS if spec.family not in ("rotary", "cross_entropy")]
 
+# Every check the tests below make, by the number of processes it takes.
+CHECKS = {
+    2: [("ops_on_dtensors", ((2,), ROW_OPS)),
+        ("unsupported_placement_is_redistributed", ()),
+        ("training_step_matches_one_process", ((1, 2), None)),
+        ("training_step_matches_one_process", ((1, 2), "aot_eager")),
+        ("rotary_on_dtensors", ()),
+        ("linear_cross_entropy_on_dtensors", ()),
+        ("linear_log_probs_on_dtensors", ()),
+        ("silu_mul_linear_on_dtensors", ()),
+        ("norm_weight_forms_on_dtensors", ()),
+        ("relu_add_backward_on_dtensors", ())]
+       + ([("fused_hugging_face_model_under_fsdp2", ())] if importlib.util.find_spec("transformers") else []),
+    4: [("ops_on_dtensors", ((2, 2), ROW_OPS)),
+        ("training_step_matches_one_process", ((2, 2), None)),
+        ("training_step_matches_one_process", ((2, 2), "aot_eager"))],
+}
+
 
 @pytest.mark.parametrize("device", devices(2))
-def test_every_op_on_dtensors_of_two_processes(device):
-    spawn(2, device, "ops_on_dtensors", (2,), ROW_OPS)
+def test_every_op_on_dtensors_of_two_processes(run_check, device):
+    run_check(2, device, "ops_on_dtensors", (2,), ROW_OPS)
 
 
 @pytest.mark.parametrize("device", devices(4))
-def test_every_op_on_dtensors_of_a_two_by_two_mesh(device):
-    spawn(4, device, "ops_on_dtensors", (2, 2), ROW_OPS)
+def test_every_op_on_dtensors_of_a_two_by_two_mesh(run_check, device):
+    run_check(4, device, "ops_on_dtensors", (2, 2), ROW_OPS)
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_a_placement_the_op_cannot_run_locally_is_redistributed(device):
-    spawn(2, device, "unsupported_placement_is_redistributed")
+def test_a_placement_the_op_cannot_run_locally_is_redistributed(run_check, device):
+    run_check(2, device, "unsupported_placement_is_redistributed")
 
 
 @pytest.mark.parametrize("device", devices(2))
 @pytest.mark.parametrize("compile_backend", [None, "aot_eager"], ids=["eager", "compiled"])
-def test_tensor_and_sequence_parallel_step_of_two_processes(device, compile_backend):
-    spawn(2, device, "training_step_matches_one_process", (1, 2), compile_backend)
+def test_tensor_and_sequence_parallel_step_of_two_processes(run_check, device, compile_backend):
+    run_check(2, device, "training_step_matches_one_process", (1, 2), compile_backend)
 
 
 @pytest.mark.parametrize("device", devices(4))
 @pytest.mark.parametrize("compile_backend", [None, "aot_eager"], ids=["eager", "compiled"])
-def test_tensor_sequence_and_fsdp2_step_of_four_processes(device, compile_backend):
-    spawn(4, device, "training_step_matches_one_process", (2, 2), compile_backend)
+def test_tensor_sequence_and_fsdp2_step_of_four_processes(run_check, device, compile_backend):
+    run_check(4, device, "training_step_matches_one_process", (2, 2), compile_backend)
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_rotary_embedding_on_dtensors(device):
-    spawn(2, device, "rotary_on_dtensors")
+def test_rotary_embedding_on_dtensors(run_check, device):
+    run_check(2, device, "rotary_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_linear_cross_entropy_on_dtensors(device):
-    spawn(2, device, "linear_cross_entropy_on_dtensors")
+def test_linear_cross_entropy_on_dtensors(run_check, device):
+    run_check(2, device, "linear_cross_entropy_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_linear_log_probs_on_dtensors(device):
-    spawn(2, device, "linear_log_probs_on_dtensors")
+def test_linear_log_probs_on_dtensors(run_check, device):
+    run_check(2, device, "linear_log_probs_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_silu_mul_linear_on_dtensors(device):
-    spawn(2, device, "silu_mul_linear_on_dtensors")
+def test_silu_mul_linear_on_dtensors(run_check, device):
+    run_check(2, device, "silu_mul_linear_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_norm_weight_forms_on_dtensors(device):
-    spawn(2, device, "norm_weight_forms_on_dtensors")
+def test_norm_weight_forms_on_dtensors(run_check, device):
+    run_check(2, device, "norm_weight_forms_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_relu_add_backward_on_dtensors(device):
-    spawn(2, device, "relu_add_backward_on_dtensors")
+def test_relu_add_backward_on_dtensors(run_check, device):
+    run_check(2, device, "relu_add_backward_on_dtensors")
 
 
 def test_every_op_has_a_sharding_rule():
@@ -123,6 +179,6 @@ def test_rules_load_with_dtensor_only(order):
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(device):
+def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(run_check, device):
     pytest.importorskip("transformers")
-    spawn(2, device, "fused_hugging_face_model_under_fsdp2")
+    run_check(2, device, "fused_hugging_face_model_under_fsdp2")
