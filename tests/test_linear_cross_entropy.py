@@ -85,10 +85,16 @@ def test_ignore_index_other_than_the_default(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-def test_several_chunks(device, dtype):
-    """2048 rows of 50257 classes take several chunks (ops/cross_entropy/launch_plan.h): the weight
-    gradient adds up across them and each chunk's rows land in their own place."""
-    x, weight, target, bias = make_inputs((2048,), 8, 50257, dtype, device)
+def test_several_chunks(device, dtype, monkeypatch):
+    """Rows that take several chunks (ops/cross_entropy/launch_plan.h): the weight gradient adds up
+    across them and each chunk's rows land in their own place. On CUDA, the plan's own chunks of 2048
+    rows of 50257 classes; on every device, 1 MB chunks (FUSED_OPS_LOGITS_CHUNK_MB) of 1000 rows of 8192
+    classes, the last one short."""
+    if device == "cuda":
+        x, weight, target, bias = make_inputs((2048,), 8, 50257, dtype, device)
+        check(x, weight, target, bias, dtype, "mean", 0.1)
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")
+    x, weight, target, bias = make_inputs((1000,), 8, 8192, dtype, device)
     check(x, weight, target, bias, dtype, "mean", 0.1)
 
 
