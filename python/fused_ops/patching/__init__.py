@@ -139,7 +139,7 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     captured = {module for rule in rules if rule.needs_capture for _, module in candidates[rule.kind]}
     captured |= {module.model for rule in rules if rule.kind == "lm_head_loss" for _, module in candidates[rule.kind]
                  if isinstance(getattr(module, "model", None), torch.nn.Module)}
-    threads = torch.get_num_threads()
+    threads = probe.host_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
     try:
         context = _Context(model, captured)

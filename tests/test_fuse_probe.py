@@ -1,0 +1,117 @@
+"""The probe behind fuse(): a mixture of experts is proven on a stand-in with as few experts as its routing
+needs (the real experts and routers untouched, a wrong gate still refused), and large tensors are compared
+a chunk at a time with the same verdicts as whole."""
+import copy
+
+import pytest
+import torch
+
+import fused_ops
+from fused_ops.patching import probe
+from fused_ops.patching.swap import fused_class
+
+transformers = pytest.importorskip("transformers")
+import hf_families  # noqa: E402
+
+EXPERTS = 32
+
+
+def many_experts_model(model_type):
+    """A tiny model of `model_type` with 32 experts, 2 of them a token."""
+    config = hf_families.tiny_config(model_type)
+    for name in ("num_experts", "num_local_experts"):
+        if hasattr(config, name):
+            setattr(config, name, EXPERTS)
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config).train()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+def test_experts_are_proven_on_top_k_plus_one_and_the_model_keeps_all(model_type, monkeypatch):
+    stock = many_experts_model(model_type)
+    fused = copy.deepcopy(stock)
+    before = {name: (parameter, parameter.shape) for name, parameter in fused.named_parameters()}
+    drawn = []
+    original = probe._random_like
+    monkeypatch.setattr(probe, "_random_like",
+                        lambda name, parameter, dtype: drawn.append((name, parameter.shape)) or
+                        original(name, parameter, dtype))
+    fused_ops.fuse(fused)
+    counts = fused.fused_ops_report.counts()
+    assert counts["experts_gate"] == counts["residual_norm"] == stock.config.num_hidden_layers, fused.fused_ops_report
+    # Every expert-indexed parameter the probes drew (experts' products, routers' rows) holds 3 experts.
+    expert_rows = [shape[0] for name, shape in drawn if "experts" in name or name.endswith("gate.weight")]
+    assert expert_rows and set(expert_rows) == {3}, drawn
+    # The model itself: the same parameter objects and shapes, every router and experts module with 32.
+    assert {name: (p, p.shape) for name, p in fused.named_parameters()} == before
+    assert {m.num_experts for m in fused.modules() if isinstance(getattr(m, "num_experts", None), int)} == {EXPERTS}
+    ids = hf_families.batch(stock)
+    want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    got.loss.backward()
+    for (name, ours), theirs in zip(fused.named_parameters(), stock.parameters(), strict=True):
+        largest = theirs.grad.abs().max().item()
+        torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5 * max(largest, 1.0), msg=name)
+
+
+def experts_call(experts, tokens=12, top_k=2):
+    generator = torch.Generator().manual_seed(5)
+    hidden = torch.randn(tokens, experts.gate_up_proj.shape[-1], generator=generator)
+    index = torch.randint(0, experts.num_experts, (tokens, top_k), generator=generator)
+    weights = torch.rand(tokens, top_k, generator=generator).softmax(-1)
+    return probe.Inputs(lambda dtype, device: (probe.converted((hidden, index, weights), dtype, device), {}))
+
+
+def test_stand_in_cuts_only_the_experts_and_takes_their_indices_modulo():
+    experts = many_experts_model("qwen3_moe").model.layers[0].mlp.experts
+    inputs = experts_call(experts)
+    subject, subject_inputs = probe.fewer_experts(experts, inputs)
+    assert subject is not experts and subject.num_experts == 3 and experts.num_experts == EXPERTS
+    assert subject.gate_up_proj.shape[0] == subject.down_proj.shape[0] == 3
+    assert experts.gate_up_proj.shape[0] == EXPERTS
+    torch.testing.assert_close(subject.gate_up_proj, experts.gate_up_proj[:3], rtol=0, atol=0)
+    (hidden, index, weights), _ = subject_inputs.make(torch.float64, torch.device("cpu"))
+    (_, real_index, real_weights), _ = inputs.make(torch.float64, torch.device("cpu"))
+    assert hidden.dtype == weights.dtype == torch.float64
+    assert torch.equal(index, real_index % 3) and torch.equal(weights, real_weights)
+
+    layer = many_experts_model("qwen3_moe").model.layers[0]
+    subject, same_inputs = probe.fewer_experts(layer, inputs)
+    assert same_inputs is inputs  # a layer's call is not the experts' routing: its integers stay
+    assert subject.self_attn is layer.self_attn and subject.input_layernorm is layer.input_layernorm
+    assert subject.mlp is not layer.mlp and subject.mlp.gate.weight.shape[0] == subject.mlp.experts.num_experts == 3
+    assert layer.mlp.gate.weight.shape[0] == layer.mlp.gate.num_experts == EXPERTS
+
+    few = hf_families.build("qwen3_moe").model.layers[0].mlp.experts  # 4 experts
+    assert probe.fewer_experts(few, experts_call(few, top_k=2))[0].num_experts == 3
+    inputs = experts_call(few, top_k=3)  # 3 a token: no fewer than 4 will do
+    assert probe.fewer_experts(few, inputs) == (few, inputs)
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
+def test_a_wrong_experts_gate_is_refused_on_the_stand_in(activation):
+    experts = many_experts_model("qwen3_moe").model.layers[0].mlp.experts
+    inputs = experts_call(experts)
+    probe.verify(experts, fused_class(type(experts), "experts_gate", (("activation", "silu"),)), inputs)
+    with pytest.raises(probe.Mismatch):
+        probe.verify(experts, fused_class(type(experts), "experts_gate", (("activation", activation),)), inputs)
+
+
+def test_chunked_comparison_gives_the_whole_comparison_verdict(monkeypatch):
+    monkeypatch.setattr(probe, "_COMPARE_CHUNK", 7)
+    generator = torch.Generator().manual_seed(2)
+    want = torch.randn(5, 9, generator=generator, dtype=torch.float64)
+    want[4, 8] = 4.0  # the largest value, in the last chunk: the scale of every chunk's tolerance
+    within = want + 1e-5 * 4.0 * torch.rand(5, 9, generator=generator, dtype=torch.float64)
+    probe._compare_values(want, within, "x", 2e-5)
+    outside = want.clone()
+    outside[0, 1] += 3e-3
+    with pytest.raises(probe.Mismatch, match=r"x differs by up to 0.003 \(largest value 4\)"):
+        probe._compare_values(want, outside, "x", 2e-5)
+    nan_want, nan_got = want.clone(), within.clone()
+    nan_want[2, 2] = nan_got[2, 2] = float("nan")
+    probe._compare_values(nan_want, nan_got, "x", 2e-5)
+    nan_got[3, 3] = float("nan")
+    with pytest.raises(probe.Mismatch, match="differs by up to inf"):
+        probe._compare_values(nan_want, nan_got, "x", 2e-5)
