@@ -1,6 +1,7 @@
 """The probe behind fuse(): a mixture of experts is proven on a stand-in with as few experts as its routing
-needs (the real experts and routers untouched, a wrong gate still refused), and large tensors are compared
-a chunk at a time with the same verdicts as whole."""
+needs and a gated MLP at a narrow width (the real modules untouched, a wrong replacement still refused, the
+whole module probed where its forward cannot run the stand-in), and large tensors are compared a chunk at a
+time with the same verdicts as whole."""
 import copy
 
 import pytest
@@ -66,7 +67,7 @@ def experts_call(experts, tokens=12, top_k=2):
 def test_stand_in_cuts_only_the_experts_and_takes_their_indices_modulo():
     experts = many_experts_model("qwen3_moe").model.layers[0].mlp.experts
     inputs = experts_call(experts)
-    subject, subject_inputs = probe.fewer_experts(experts, inputs)
+    subject, subject_inputs = probe.stand_in(experts, inputs)
     assert subject is not experts and subject.num_experts == 3 and experts.num_experts == EXPERTS
     assert subject.gate_up_proj.shape[0] == subject.down_proj.shape[0] == 3
     assert experts.gate_up_proj.shape[0] == EXPERTS
@@ -77,16 +78,16 @@ def test_stand_in_cuts_only_the_experts_and_takes_their_indices_modulo():
     assert torch.equal(index, real_index % 3) and torch.equal(weights, real_weights)
 
     layer = many_experts_model("qwen3_moe").model.layers[0]
-    subject, same_inputs = probe.fewer_experts(layer, inputs)
+    subject, same_inputs = probe.stand_in(layer, inputs)
     assert same_inputs is inputs  # a layer's call is not the experts' routing: its integers stay
     assert subject.self_attn is layer.self_attn and subject.input_layernorm is layer.input_layernorm
     assert subject.mlp is not layer.mlp and subject.mlp.gate.weight.shape[0] == subject.mlp.experts.num_experts == 3
     assert layer.mlp.gate.weight.shape[0] == layer.mlp.gate.num_experts == EXPERTS
 
     few = hf_families.build("qwen3_moe").model.layers[0].mlp.experts  # 4 experts
-    assert probe.fewer_experts(few, experts_call(few, top_k=2))[0].num_experts == 3
+    assert probe.stand_in(few, experts_call(few, top_k=2))[0].num_experts == 3
     inputs = experts_call(few, top_k=3)  # 3 a token: no fewer than 4 will do
-    assert probe.fewer_experts(few, inputs) == (few, inputs)
+    assert probe.stand_in(few, inputs) == (few, inputs)
 
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
@@ -115,3 +116,52 @@ def test_chunked_comparison_gives_the_whole_comparison_verdict(monkeypatch):
     nan_got[3, 3] = float("nan")
     with pytest.raises(probe.Mismatch, match="differs by up to inf"):
         probe._compare_values(nan_want, nan_got, "x", 2e-5)
+
+
+class SplitByWidth(torch.nn.Module):
+    """A gated MLP whose forward splits gate and up by its stored width: a narrower stand-in cannot run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.width = 96
+        self.gate_up_proj = torch.nn.Linear(16, 192, bias=False)
+        self.down_proj = torch.nn.Linear(96, 16, bias=False)
+
+    def forward(self, x):
+        gate_up = self.gate_up_proj(x)
+        return self.down_proj(torch.nn.functional.silu(gate_up[..., :self.width]) * gate_up[..., self.width:])
+
+
+def test_gated_mlps_are_proven_at_a_narrow_width_and_a_wrong_one_is_refused():
+    from fused_ops.patching.rules.gated_mlp import GatedMLPRule
+    rule = GatedMLPRule()
+    llama = hf_families.build("llama").model.layers[0]
+    phi3 = hf_families.build("phi3").model.layers[0].mlp
+    width = probe._MLP_WIDTH
+    subject, _ = probe.stand_in(llama, None)
+    assert subject.self_attn is llama.self_attn and subject.mlp is not llama.mlp
+    mlp, narrow = llama.mlp, subject.mlp
+    assert narrow.gate_proj.weight.shape == narrow.up_proj.weight.shape == (width, 64)
+    assert narrow.down_proj.weight.shape == (64, width) and mlp.down_proj.weight.shape == (64, 96)
+    torch.testing.assert_close(narrow.down_proj.weight, mlp.down_proj.weight[:, :width], rtol=0, atol=0)
+    subject, _ = probe.stand_in(phi3, None)
+    rows = torch.cat([phi3.gate_up_proj.weight[:width], phi3.gate_up_proj.weight[96:96 + width]])
+    torch.testing.assert_close(subject.gate_up_proj.weight, rows, rtol=0, atol=0)
+    assert phi3.gate_up_proj.weight.shape == (192, 64)
+    for module in (mlp, phi3):
+        (right, *wrong) = rule.variants(module, None)
+        probe.verify(module, fused_class(type(module), "gated_mlp", right), rule.inputs(module, None))
+        for options in wrong:
+            with pytest.raises(probe.Mismatch):
+                probe.verify(module, fused_class(type(module), "gated_mlp", options), rule.inputs(module, None))
+
+
+def test_a_stand_in_the_forward_cannot_run_leaves_the_proof_to_the_whole_module():
+    from fused_ops.patching.rules.gated_mlp import GatedMLPRule
+    rule = GatedMLPRule()
+    module = SplitByWidth()
+    assert probe.stand_in(module, None)[0] is not module
+    silu, gelu_tanh, _ = rule.variants(module, None)
+    probe.verify(module, fused_class(SplitByWidth, "gated_mlp", silu), rule.inputs(module, None))
+    with pytest.raises(probe.Mismatch):
+        probe.verify(module, fused_class(SplitByWidth, "gated_mlp", gelu_tanh), rule.inputs(module, None))

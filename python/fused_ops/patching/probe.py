@@ -6,9 +6,9 @@ mode under the same random seed (so dropout must match too), in float64 on the C
 or a dropped constant shows far above rounding; in float32 where the module's own forward has no
 float64 kernel, as grouped matrix products of experts); outputs and the gradients of every input and parameter
 are compared. A second run in the module's own dtype, device and parameters checks the output dtypes.
-A mixture of experts is probed with as few experts as its routing needs (`fewer_experts`): a rule's proof
-does not depend on how many experts there are, and 128 experts' random float copies and gradients would
-cost gigabytes and minutes of host time per probe.
+A mixture of experts is probed with as few experts as its routing needs and a gated MLP with a narrow
+intermediate width (`stand_in`): a rule's proof depends on neither, and 128 experts' or a 14336-wide
+MLP's random float copies and gradients would cost gigabytes and minutes of host time per probe.
 """
 import contextlib
 import copy
@@ -31,6 +31,8 @@ _COMPARE_CHUNK = 1 << 22
 # start-up).
 _THREADED_ELEMENTS = 1 << 20
 host_threads = 1
+# Gated MLPs are probed with this intermediate width (stand_in).
+_MLP_WIDTH = 32
 # The names under which routers keep how many experts a token goes to.
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "experts_per_token")
 
@@ -254,44 +256,108 @@ def _experts_of(module):
     return found
 
 
-def fewer_experts(module, inputs: Inputs):
-    """(stand-in, inputs): `module` with its experts and routers cut to their top-k + 1 first experts, or
-    `module` and `inputs` themselves where it has no more experts than that. The stand-in is a shallow copy
-    on the way down to each cut part; every other submodule and the module itself are untouched. Where
-    `module` is itself the experts, the expert indices of its call are taken modulo the experts kept."""
-    parts = _experts_of(module)
-    if not parts:
-        return module, inputs
-    top_k = [value for sub in module.modules() for name in _TOP_K_NAMES
-             if isinstance(value := getattr(sub, name, None), int) and not isinstance(value, bool)]
-    call_indices = []
-    if "" in parts:  # the experts themselves: their call carries the routing, top-k indices per token
-        args, kwargs = inputs.make(None, torch.device("cpu"))
-        call_indices = [t for t in _tensors_of((args, kwargs), []) if not t.is_floating_point() and t.dim() > 0]
-        top_k += [t.shape[-1] for t in call_indices]
-    keep = max(top_k, default=1) + 1
-    if all(sub.num_experts <= keep for sub in parts.values()):
-        return module, inputs
+def _first_experts(part, keep):
+    """A copy of an experts module or router with its first `keep` experts."""
+    count, clone = part.num_experts, copy.copy(part)
+    clone.__dict__["_parameters"] = {
+        key: p if p is None or p.dim() == 0 or p.shape[0] != count else
+        torch.nn.Parameter(p.detach()[:keep], requires_grad=p.requires_grad) for key, p in part._parameters.items()}
+    clone.__dict__["_buffers"] = {key: b if b is None or b.dim() == 0 or b.shape[0] != count else b[:keep]
+                                  for key, b in part._buffers.items()}
+    clone.__dict__["num_experts"] = keep
+    return clone
 
-    def cut(sub, prefix):
-        if not any(name == prefix or prefix == "" or name.startswith(prefix + ".") for name in parts):
-            return sub
+
+def _cut_linear(linear, rows, columns=None):
+    """A copy of an nn.Linear with the weight's rows (and bias's entries) at `rows`, its columns at `columns`."""
+    clone = copy.copy(linear)
+    weight = linear.weight.detach()[rows]
+    weight = weight if columns is None else weight[:, columns]
+    clone.__dict__["_parameters"] = dict(
+        weight=torch.nn.Parameter(weight, requires_grad=linear.weight.requires_grad),
+        bias=None if linear.bias is None else torch.nn.Parameter(linear.bias.detach()[rows],
+                                                                 requires_grad=linear.bias.requires_grad))
+    clone.__dict__["out_features"], clone.__dict__["in_features"] = weight.shape
+    return clone
+
+
+def _narrower_mlp(mlp):
+    """A copy of a gated MLP (gate_proj and up_proj, or one gate_up_proj, then down_proj, all nn.Linear)
+    with its intermediate width cut to _MLP_WIDTH, or None where it is no such MLP or no wider."""
+    linears = {key: child for key, child in mlp._modules.items() if type(child) is torch.nn.Linear}
+    down = linears.get("down_proj")
+    width = down.in_features if down is not None else 0
+    if width <= _MLP_WIDTH:
+        return None
+    everything = slice(None)
+    if {"gate_proj", "up_proj"} <= set(linears) and "gate_up_proj" not in mlp._modules:
+        if not linears["gate_proj"].out_features == linears["up_proj"].out_features == width:
+            return None
+        cuts = {"gate_proj": slice(0, _MLP_WIDTH), "up_proj": slice(0, _MLP_WIDTH)}
+    elif "gate_up_proj" in linears and "gate_proj" not in mlp._modules and "up_proj" not in mlp._modules:
+        if linears["gate_up_proj"].out_features != 2 * width:
+            return None
+        halves = torch.cat([torch.arange(_MLP_WIDTH), width + torch.arange(_MLP_WIDTH)])
+        cuts = {"gate_up_proj": halves}
+    else:
+        return None
+    clone = copy.copy(mlp)
+    clone.__dict__["_modules"] = dict(mlp._modules)
+    for key, rows in cuts.items():
+        clone._modules[key] = _cut_linear(linears[key], rows)
+    clone._modules["down_proj"] = _cut_linear(down, everything, slice(0, _MLP_WIDTH))
+    return clone
+
+
+def _with_replaced(module, replacements):
+    """`module` with the submodules named in `replacements` replaced: shallow copies on the way down to
+    each, every other submodule shared."""
+    if "" in replacements:
+        return replacements[""]
+
+    def copy_down(sub, prefix):
         clone = copy.copy(sub)
-        clone.__dict__["_modules"] = {key: child if child is None else cut(child, f"{prefix}.{key}" if prefix else key)
-                                      for key, child in sub._modules.items()}
-        if prefix in parts and sub.num_experts > keep:
-            count = sub.num_experts
-            clone.__dict__["_parameters"] = {
-                key: p if p is None or p.dim() == 0 or p.shape[0] != count else
-                torch.nn.Parameter(p.detach()[:keep], requires_grad=p.requires_grad)
-                for key, p in sub._parameters.items()}
-            clone.__dict__["_buffers"] = {key: b if b is None or b.dim() == 0 or b.shape[0] != count else b[:keep]
-                                          for key, b in sub._buffers.items()}
-            clone.__dict__["num_experts"] = keep
+        children = {}
+        for key, child in sub._modules.items():
+            name = f"{prefix}.{key}" if prefix else key
+            if name in replacements:
+                children[key] = replacements[name]
+            elif child is not None and any(other.startswith(name + ".") for other in replacements):
+                children[key] = copy_down(child, name)
+            else:
+                children[key] = child
+        clone.__dict__["_modules"] = children
         return clone
+    return copy_down(module, "")
 
-    subject = cut(module, "")
-    if not call_indices:
+
+def stand_in(module, inputs: Inputs):
+    """(stand-in, inputs) to probe with random parameters in place of (`module`, `inputs`): its experts and
+    routers cut to their top-k + 1 first experts, its gated MLPs' intermediate width to _MLP_WIDTH (a
+    rule's proof depends on neither; at full size their random float copies and gradients cost gigabytes
+    and minutes of host time). `module` and `inputs` themselves where there is nothing to cut; a copy on
+    the way down to each cut part otherwise, the module and every other submodule untouched. Where
+    `module` is itself the experts, the expert indices of its call are taken modulo the experts kept."""
+    replacements, call_indices = {}, []
+    parts = _experts_of(module)
+    if parts:
+        top_k = [value for sub in module.modules() for name in _TOP_K_NAMES
+                 if isinstance(value := getattr(sub, name, None), int) and not isinstance(value, bool)]
+        if "" in parts:  # the experts themselves: their call carries the routing, top-k indices per token
+            args, kwargs = inputs.make(None, torch.device("cpu"))
+            call_indices = [t for t in _tensors_of((args, kwargs), []) if not t.is_floating_point() and t.dim() > 0]
+            top_k += [t.shape[-1] for t in call_indices]
+        keep = max(top_k, default=1) + 1
+        replacements = {name: _first_experts(part, keep) for name, part in parts.items() if part.num_experts > keep}
+    for name, sub in module.named_modules():
+        if not any(name == other or name.startswith(other + ".") or other == "" for other in replacements):
+            narrower = _narrower_mlp(sub)
+            if narrower is not None:
+                replacements[name] = narrower
+    if not replacements:
+        return module, inputs
+    subject = _with_replaced(module, replacements)
+    if "" not in parts or "" not in replacements:
         return subject, inputs
 
     def remap(tensor):
@@ -303,6 +369,19 @@ def fewer_experts(module, inputs: Inputs):
     return subject, Inputs(make, inputs.grad_input)
 
 
+def _prove_with_random_parameters(subject, fused_cls, inputs, select, modes):
+    parameters = dict(subject.named_parameters())
+    elements = sum(p.numel() for p in parameters.values())
+    dtypes = [torch.float64, torch.float32] if elements <= _FLOAT64_ELEMENTS else [torch.float32]
+    with _threads(host_threads if elements >= _THREADED_ELEMENTS else torch.get_num_threads()):
+        for dtype in dtypes:
+            try:
+                _compare_with_random_parameters(subject, fused_cls, inputs, select, modes, parameters, dtype)
+                return
+            except _RefusesFloat64:
+                continue
+
+
 def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
            select: Optional[Callable] = None, modes=(False, True)) -> None:
     """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own forward does (see the
@@ -310,19 +389,15 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
     select = select or (lambda output: output)
     stock_cls = type(module)
     if random_parameters:
-        subject, subject_inputs = fewer_experts(module, inputs)
-        parameters = dict(subject.named_parameters())
-        elements = sum(p.numel() for p in parameters.values())
-        dtypes = [torch.float64, torch.float32] if elements <= _FLOAT64_ELEMENTS else [torch.float32]
-        threads = host_threads if elements >= _THREADED_ELEMENTS else torch.get_num_threads()
-        for dtype in dtypes:
-            try:
-                with _threads(threads):
-                    _compare_with_random_parameters(subject, fused_cls, subject_inputs, select, modes, parameters,
-                                                    dtype)
-                break
-            except _RefusesFloat64:
-                continue
+        subject, subject_inputs = stand_in(module, inputs)
+        try:
+            _prove_with_random_parameters(subject, fused_cls, subject_inputs, select, modes)
+        except Mismatch:
+            raise
+        except Exception:  # a stand-in the module's own forward cannot run: the module whole decides
+            if subject is module:
+                raise
+            _prove_with_random_parameters(module, fused_cls, inputs, select, modes)
     # In the module's own dtype, device and parameters: the same output dtypes and close values.
     parameter = next(module.parameters(), None)
     own_dtype = parameter.dtype if parameter is not None else torch.float32
