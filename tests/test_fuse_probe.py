@@ -110,6 +110,7 @@ def test_chunked_comparison_gives_the_whole_comparison_verdict(monkeypatch):
     outside[0, 1] += 3e-3
     with pytest.raises(probe.Mismatch, match=r"x differs by up to 0.003 \(largest value 4\)"):
         probe._compare_values(want, outside, "x", 2e-5)
+    probe._compare_values(torch.empty(0, 3), torch.empty(0, 3), "x", 2e-5)
     nan_want, nan_got = want.clone(), within.clone()
     nan_want[2, 2] = nan_got[2, 2] = float("nan")
     probe._compare_values(nan_want, nan_got, "x", 2e-5)
