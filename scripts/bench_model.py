@@ -15,7 +15,8 @@ stock_eager, stock_compile, fused_eager, fused_compile (fused_ops.fuse), liger_e
 (Liger-Kernel's apply_liger_kernel_to_<family>() with its defaults, applied before the model is built).
 Each variant runs in its own process (Liger patches transformers' classes for the whole process); one that
 fails reports its error and the others still run. Reported: step time (median of --steps after two
-warm-up steps), tokens/s, peak memory of the step, the first step's extra time (compilation), and each
+warm-up steps), tokens/s, peak memory of the step, the first step's extra time (compilation), how long
+fuse() took (fused variants, in the JSON and OUT/fuse_FAMILY.txt), and each
 variant's tokens/s and peak memory relative to its family's stock_compile and to the faster Liger variant.
 --decode adds the one-token decode step (static KV cache; the step, compiled for the compiled variants,
 replayed as a CUDA graph); it is on by default for llama3.2-1b only. --profile adds each variant's
@@ -133,9 +134,11 @@ def build_model(args, variant, device):
         model = getattr(transformers, spec["model_class"])(config).to(torch.bfloat16)
     if variant.startswith("fused"):
         import fused_ops
+        start = time.perf_counter()
         fused_ops.fuse(model)
+        model.fuse_seconds = time.perf_counter() - start
         with open(os.path.join(args.out, f"fuse_{args.family}.txt"), "w") as file:
-            file.write(str(model.fused_ops_report) + "\n")
+            file.write(f"{model.fused_ops_report}\nfuse() took {model.fuse_seconds:.1f} s\n")
     return model
 
 
@@ -167,6 +170,7 @@ def train(args, variant):
     result = {"family": args.family, "layers": args.layers, "variant": variant}
     if hasattr(model, "fused_ops_report"):
         result["fused"] = dict(model.fused_ops_report.counts())
+        result["fuse_s"] = model.fuse_seconds
     if args.smoke and variant in LIGER_VARIANTS:
         result["note"] = "patched and built; not run (Liger's kernels need a GPU)"
         return result
