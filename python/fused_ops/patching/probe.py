@@ -26,9 +26,9 @@ _PROBE_RTOL = 2e-5
 _FLOAT64_ELEMENTS = 1 << 24
 # Tensors are compared this many elements at a time, so a large gradient needs no float64 copy whole.
 _COMPARE_CHUNK = 1 << 22
-# Modules and tensors of at least this many elements are probed and compared on all the host threads
-# fuse() found (the probes otherwise run on one: their tensors are tiny, and more threads only cost their
-# start-up).
+# Modules of at least this many parameter elements are probed (and their gradients compared) on all the
+# host threads fuse() found; the probes otherwise run on one: their tensors are tiny, and more threads
+# only cost their start-up.
 _THREADED_ELEMENTS = 1 << 20
 host_threads = 1
 # Gated MLPs are probed with this intermediate width (stand_in).
@@ -97,17 +97,16 @@ def _compare_values(want, got, where, rtol):
     dtype = torch.promote_types(torch.promote_types(want.dtype, got.dtype), torch.float32)
     pairs = [(w.to(dtype), g.to(dtype)) for w, g in zip(want.reshape(-1).split(_COMPARE_CHUNK),
                                                          got.reshape(-1).split(_COMPARE_CHUNK))]
-    with _threads(host_threads if want.numel() >= _THREADED_ELEMENTS else torch.get_num_threads()):
-        scale = max((w.abs().nan_to_num_(0, 0, 0).max().item() for w, _ in pairs), default=0.0)
-        atol = rtol * scale + 1e-30
+    scale = max((w.abs().nan_to_num_(0, 0, 0).max().item() for w, _ in pairs), default=0.0)
+    atol = rtol * scale + 1e-30
 
-        def close(w, g):  # the plain bound first; NaN, infinities and misses through allclose's own rules
-            if torch.le((g - w).abs_(), w.abs().mul_(rtol).add_(atol)).all():
-                return True
-            return torch.allclose(g.double(), w.double(), rtol=rtol, atol=atol, equal_nan=True)
-        if all(close(w, g) for w, g in pairs):
-            return
-        error = max((g.double() - w.double()).abs().nan_to_num(float("inf")).max().item() for w, g in pairs)
+    def close(w, g):  # the plain bound first; NaN, infinities and misses through allclose's own rules
+        if torch.le((g - w).abs_(), w.abs().mul_(rtol).add_(atol)).all():
+            return True
+        return torch.allclose(g.double(), w.double(), rtol=rtol, atol=atol, equal_nan=True)
+    if all(close(w, g) for w, g in pairs):
+        return
+    error = max((g.double() - w.double()).abs().nan_to_num(float("inf")).max().item() for w, g in pairs)
     raise Mismatch(f"{where} differs by up to {error:.3g} (largest value {scale:.3g})")
 
 
