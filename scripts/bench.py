@@ -14,7 +14,7 @@ OUT/bench.json, a plot OUT/bench.png, and one row per op, shape, dtype, mode and
 the CSV (--csv, default OUT/results.csv; docs/results.csv holds the published rows).
 
     python scripts/bench.py [--headline] [--dtypes float32 bfloat16] [--min-log2 12] [--max-log2 28]
-                            [--rounds 2] [--out DIR] [--csv FILE] [--fused-label NAME]
+                            [--norm-shapes 262144x128 ...] [--rounds 2] [--out DIR] [--csv FILE] [--fused-label NAME]
     python scripts/bench.py --plot-published docs/results.csv docs/model_results.csv docs/performance.png
 """
 import argparse
@@ -195,7 +195,7 @@ def run(args):
     copy_gbs = copy_bandwidth_gbs(device)
     rows = []
     variants = args.variants
-    planned = list(workloads(device, dtypes, sizes, args.ops, headline=args.headline))
+    planned = list(workloads(device, dtypes, sizes, args.ops, headline=args.headline, norm_shapes=args.norm_shapes))
     progress = Progress(sum(2 * (len(variants) + len(work.peers)) * rounds for work in planned))
     for work in planned:
         inputs = work.make_inputs()
@@ -482,6 +482,9 @@ def main():
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
     parser.add_argument("--csv", default=None, help="CSV to append the rows to (default OUT/results.csv)")
     parser.add_argument("--headline", action="store_true", help="only the shapes of the README table")
+    parser.add_argument("--norm-shapes", nargs="+", default=None, metavar="ROWSxH",
+                        type=lambda text: tuple(int(part) for part in text.split("x")),
+                        help="the norms' shapes instead of the defaults, e.g. 262144x128 16384x2048")
     parser.add_argument("--fused-label", default="fused",
                         help="the variant name of the fused rows in the CSV (e.g. 'before' for a baseline build)")
     parser.add_argument("--variants", nargs="+", default=["fused", "eager", "compile"],
