@@ -97,6 +97,24 @@ def test_backward_decode_and_persistent_grid(describe):
     assert describe(1, 8192, backward=True, clusters=False)["shared_sums"] == "0"  # one short row
 
 
+@pytest.mark.parametrize("columns, dtype, threads_per_row", [
+    (128, "bfloat16", "16"), (256, "bfloat16", "32"), (64, "bfloat16", "8"), (24, "bfloat16", "8"),
+    (128, "float32", "32"), (96, "float32", "32"), (64, "float64", "32")])
+@pytest.mark.parametrize("backward", [False, True])
+def test_many_short_rows_take_groups_of_lanes(describe, columns, dtype, threads_per_row, backward):
+    # Per-head norms: up to 32 packs a row, a group of lanes per row in blocks of 512.
+    plan = describe(262144, columns, dtype=dtype, backward=backward)
+    assert (plan["path"], plan["threads"], plan["threads_per_row"]) == ("short_rows", "512", threads_per_row)
+    assert plan["max_blocks_per_sm"] == ("4" if backward else "0")
+
+
+def test_short_rows_need_packs_and_more_than_decode_rows(describe):
+    assert describe(128, 128)["path"] == "cached"  # decode
+    assert describe(129, 128)["path"] == "short_rows"
+    assert describe(4096, 264)["path"] == "cached"  # 33 packs
+    assert describe(4096, 128, vectorized=False)["path"] == "cached"
+
+
 def test_unknown_dtype_is_refused(describe):
     function = ctypes.CDLL(fused_ops.library_path()).fused_ops_describe_norm_launch_plan
     text = ctypes.create_string_buffer(64)

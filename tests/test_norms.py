@@ -239,6 +239,41 @@ def test_many_long_rows_run_the_staged_backward(spec, device):
     assert any(staged.search(name) for name in kernels), kernels
 
 
+@pytest.mark.parametrize("shape", [(300, 128), (4, 64, 16, 64), (257, 256), (1000, 24), (129, 96)])
+@pytest.mark.parametrize("used", ["both", "out"])
+@pytest.mark.parametrize("weight_dtype", [None, torch.float32], ids=["weight_like_x", "float32_weight"])
+@pytest.mark.absent.with_args(absent_gradient_case)
+@pytest.mark.cuda_only
+def test_values_and_gradients_of_many_short_rows(spec, device, dtype, shape, used, weight_dtype):
+    """More than decode's 128 rows of up to 32 16-byte packs, as the per-head norms of queries and keys
+    (64 to 256 columns): on CUDA a group of 8, 16 or 32 lanes per row, many rows per block, the
+    group's last lanes idle where a row has fewer packs (24 and 96 columns, and float64's wider rows);
+    forward values and every gradient against float64, mixed precision too."""
+    inputs = spec.inputs(shape, dtype, device, weight_dtype=weight_dtype)
+    assert_outputs_close(spec, spec.fused(*inputs), inputs, dtype)
+    check_gradients_of_random_inputs(spec, shape, dtype, device, used, weight_dtype)
+
+
+@pytest.mark.cuda_only
+def test_many_short_rows_run_the_short_row_kernels(spec, device):
+    """4096 bf16 rows of 128 (16 packs) run the short-row kernels forward and backward, with the weight
+    gradients' partial rows summed by columns; 128 rows (decode) and rows of 33 packs do not."""
+    def kernels_of(shape):
+        inputs = [t.requires_grad_(True) for t in spec.inputs(shape, torch.bfloat16, device)]
+
+        def step():
+            outputs = spec.fused(*inputs)
+            torch.autograd.backward(outputs, [torch.randn_like(out) for out in outputs])
+        return cuda_kernels_run_by(step)
+
+    kernels = kernels_of((4096, 128))
+    assert any("norm_forward_short_rows_kernel" in name for name in kernels), kernels
+    assert any("norm_backward_short_rows_kernel" in name for name in kernels), kernels
+    assert any("column_sum_kernel" in name for name in kernels), kernels
+    for shape in [(128, 128), (4096, 264)]:
+        assert not any("short_rows" in name for name in kernels_of(shape)), shape
+
+
 @pytest.mark.parametrize("shape", [(1, 8192), (5, 4096), (16, 2048), (16, 8192), (7, 3000), (128, 16384),
                                    (1, 12296), (1, 3000), (1, 2048), (3, 1032), (8, 8192), (4, 16384),
                                    (5, 7000)])

@@ -23,6 +23,7 @@
 #include "clusters.cuh"
 #include "launch_plan.h"
 #include "long_rows.cuh"
+#include "short_rows.cuh"
 #include "weight_gradient_sums.cuh"
 
 namespace fused_ops {
@@ -134,6 +135,32 @@ void launch_norm_forward_cached(const NormForwardProblem& p, const NormLaunchPla
   });
 }
 
+// Calls body(std::integral_constant<int, kThreadsPerRow>) for the plan's lanes per short row.
+template <typename Body>
+void with_threads_per_row(int threads_per_row, Body body) {
+  switch (threads_per_row) {
+    case 8: body(std::integral_constant<int, 8>{}); break;
+    case 16: body(std::integral_constant<int, 16>{}); break;
+    default: body(std::integral_constant<int, 32>{}); break;
+  }
+}
+
+// Short rows come in 16-byte packs only (the plan asks for them); other widths compile no kernel.
+template <typename scalar_t, int kWidth>
+constexpr bool short_rows_width() {
+  return kWidth * sizeof(scalar_t) == 16;
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+void launch_norm_forward_short_rows(const NormForwardProblem& p, const NormLaunchPlan& plan, cudaStream_t stream) {
+  with_threads_per_row(plan.threads_per_row, [&](auto lanes_constant) {
+    constexpr int kThreadsPerRow = decltype(lanes_constant)::value;
+    constexpr int64_t kRowsPerBlock = kShortRowBlockThreads / kThreadsPerRow;
+    launch_kernel(norm_forward_short_rows_kernel<scalar_t, weight_t, kKind, kWidth, kThreadsPerRow>,
+                  row_grid((p.rows + kRowsPerBlock - 1) / kRowsPerBlock), plan.threads, 0, stream, p);
+  });
+}
+
 template <NormKind kKind>
 void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::ScalarType weight_dtype,
                        c10::Device device) {
@@ -153,6 +180,13 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
         case NormPath::Cached:
           launch_norm_forward_cached<scalar_t, weight_t, kKind, kWidth>(p, plan, stream);
           break;
+        case NormPath::ShortRows:
+          if constexpr (short_rows_width<scalar_t, kWidth>()) {
+            launch_norm_forward_short_rows<scalar_t, weight_t, kKind, kWidth>(p, plan, stream);
+          } else {
+            TORCH_INTERNAL_ASSERT(false, "norm_forward_cuda: short rows are planned for 16-byte packs only");
+          }
+          break;
         case NormPath::LongRows:
           launch_kernel(norm_forward_long_row_kernel<scalar_t, weight_t, kKind, kWidth>, row_grid(p.rows),
                         plan.threads, 0, stream, p);
@@ -165,25 +199,49 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
 
 // The persistent cached backward: the staged kernel where the plan's rule prefers it, else the plain
 // one. Returns false when neither fits this GPU's shared memory (the caller takes the long-row path).
+// A persistent backward grid over `work_items` (rows, or groups of rows) of at most `blocks` blocks,
+// each writing one partial row of column sums (one block writes the gradients itself), then
+// column_sum_kernel over the partial rows. `extra` follows the kernel's partials arguments.
+template <typename scalar_t, typename weight_t, NormKind kKind, typename Kernel, typename... Extra>
+void launch_backward_with_column_sums(Kernel kernel, int64_t work_items, int64_t blocks, int threads,
+                                      size_t shared_bytes, const NormBackwardProblem& p,
+                                      const at::TensorOptions& acc_options, cudaStream_t stream, Extra... extra) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const int sums = kKind == NormKind::Layer ? 2 : 1;  // weight (and bias)
+  const unsigned int grid = static_cast<unsigned int>(std::max<int64_t>(1, std::min(work_items, blocks)));
+  const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
+  acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
+  acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
+  const bool early = persistent_backward_launches_early(work_items, blocks);
+  launch_kernel_at(early, kernel, grid, threads, shared_bytes, stream, p, weight_partials, bias_partials, extra...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (grid > 1) {
+    launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
+                       static_cast<weight_t*>(p.grad_bias), stream, early);
+  }
+}
+
+template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth>
+void launch_norm_backward_short_rows(const NormBackwardProblem& p, const NormLaunchPlan& plan,
+                                     const at::TensorOptions& acc_options, cudaStream_t stream) {
+  with_threads_per_row(plan.threads_per_row, [&](auto lanes_constant) {
+    constexpr int kThreadsPerRow = decltype(lanes_constant)::value;
+    constexpr int64_t kRowsPerBlock = kShortRowBlockThreads / kThreadsPerRow;
+    const auto kernel = norm_backward_short_rows_kernel<scalar_t, weight_t, kKind, kWidth, kThreadsPerRow>;
+    launch_backward_with_column_sums<scalar_t, weight_t, kKind>(
+        kernel, (p.rows + kRowsPerBlock - 1) / kRowsPerBlock,
+        persistent_blocks(kernel, plan.threads, 0, plan.max_blocks_per_sm), plan.threads, 0, p, acc_options, stream);
+  });
+}
+
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
 bool launch_norm_backward_persistent(const NormBackwardProblem& p, const NormLaunchPlan& plan,
                                      const at::TensorOptions& acc_options, cudaStream_t stream) {
   using acc_t = at::opmath_type<scalar_t>;
   const int sums = kKind == NormKind::Layer ? 2 : 1;  // weight (and bias)
   auto launch = [&](auto kernel, size_t shared_bytes, int64_t blocks) {
-    const unsigned int grid = static_cast<unsigned int>(std::min(p.rows, blocks));
-    // One block writes the gradients itself; more write partial rows for column_sum_kernel.
-    const at::Tensor partials = grid > 1 ? at::empty({sums, grid, p.columns}, acc_options) : at::Tensor();
-    acc_t* weight_partials = grid > 1 ? partials.mutable_data_ptr<acc_t>() : nullptr;
-    acc_t* bias_partials = grid > 1 && sums == 2 ? weight_partials + int64_t(grid) * p.columns : nullptr;
-    const bool early = persistent_backward_launches_early(p.rows, blocks);
-    launch_kernel_at(early, kernel, grid, plan.threads, shared_bytes, stream, p, weight_partials, bias_partials,
-                     nullptr);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (grid > 1) {
-      launch_column_sums(weight_partials, sums, int64_t(grid), p.columns, static_cast<weight_t*>(p.grad_weight),
-                         static_cast<weight_t*>(p.grad_bias), stream, early);
-    }
+    launch_backward_with_column_sums<scalar_t, weight_t, kKind>(kernel, p.rows, blocks, plan.threads, shared_bytes,
+                                                                p, acc_options, stream, static_cast<acc_t*>(nullptr));
   };
   const auto plain_kernel = norm_backward_cached_kernel<scalar_t, weight_t, kKind, kWidth, kPacks, kSharedSums, false>;
   const size_t sum_bytes = kSharedSums ? size_t(sums) * p.columns * sizeof(acc_t) : 0;
@@ -258,6 +316,12 @@ void norm_backward_cuda(const NormBackwardProblem& p, at::ScalarType dtype, at::
           launch_weight_grad<scalar_t, weight_t, kKind>(p, statistics, plan.weight_gradient_row_groups, stream);
         }
         return;
+      }
+      if constexpr (short_rows_width<scalar_t, kWidth>()) {
+        if (plan.path == NormPath::ShortRows) {
+          launch_norm_backward_short_rows<scalar_t, weight_t, kKind, kWidth>(p, plan, acc_options, stream);
+          return;
+        }
       }
       if (plan.path == NormPath::Cached && launch_norm_backward_cached<scalar_t, weight_t, kKind, kWidth>(
                                                p, plan, acc_options, stream)) {

@@ -93,6 +93,17 @@ NormLaunchPlan plan_norm(const NormProblemShape& shape) {
     return plan;
   }
 
+  // Short rows: one block per row would leave most of a block idle and, in the backward's persistent
+  // grid, keep only a few rows' loads in flight per SM.
+  if (shape.vectorized && packs <= kShortRowMaxPacks && shape.rows > kNormFewRows) {
+    plan.path = NormPath::ShortRows;
+    plan.threads = kShortRowBlockThreads;
+    plan.packs_per_thread = 1;
+    plan.threads_per_row = packs <= 8 ? 8 : packs <= 16 ? 16 : 32;
+    if (shape.backward) plan.max_blocks_per_sm = kBackwardBlocksPerSm;
+    return plan;
+  }
+
   if (packs > kMaxCachedPacks) {
     plan.path = NormPath::LongRows;
     plan.threads = kLongRowThreads;
@@ -133,14 +144,14 @@ NormLaunchPlan plan_norm(const NormProblemShape& shape) {
 }
 
 std::string describe(const NormLaunchPlan& plan) {
-  static const char* const kPaths[] = {"cluster", "cached", "long_rows"};
+  static const char* const kPaths[] = {"cluster", "cached", "long_rows", "short_rows"};
   std::ostringstream text;
   text << "path=" << kPaths[static_cast<int>(plan.path)] << " threads=" << plan.threads
        << " packs_per_thread=" << plan.packs_per_thread << " cluster_blocks=" << plan.cluster_blocks
        << " residual_loads_first=" << plan.residual_loads_first << " three_blocks=" << plan.three_blocks
        << " weight_first=" << plan.weight_first << " row_statistics=" << plan.row_statistics
        << " shared_sums=" << plan.shared_sums << " weight_gradient_row_groups=" << plan.weight_gradient_row_groups
-       << " max_blocks_per_sm=" << plan.max_blocks_per_sm;
+       << " max_blocks_per_sm=" << plan.max_blocks_per_sm << " threads_per_row=" << plan.threads_per_row;
   return text.str();
 }
 

@@ -11,6 +11,10 @@
 //             so x (and grad) are read once (cached_rows.cuh). Forward: one block per row. Backward: a
 //             persistent grid adding per-column partial sums, or for decode rows one block per row
 //             storing row statistics for the column sums (weight_gradient_sums.cuh).
+//   ShortRows rows of up to kShortRowMaxPacks packs (per-head norms) when there are more than decode's
+//             rows: a group of 8, 16 or 32 lanes per row, reduced by shuffles, many rows per block of
+//             kShortRowBlockThreads. Backward: a persistent grid adding per-column partial sums
+//             (short_rows.cuh).
 //   LongRows  longer rows: one block of 1024 threads per row passes over the row two or three times,
 //             from L2 (long_rows.cuh).
 #include <c10/core/ScalarType.h>
@@ -36,8 +40,10 @@ template <NormKind kKind>
 constexpr int kNormBackwardWideBlockThreads = kKind == NormKind::RMS ? kNormWideBlockThreads : kNormMaxThreads;
 constexpr int64_t kNormFewRows = 128;  // decode: about one row per SM
 constexpr int kBackwardBlocksPerSm = 4;  // persistent backward: each block adds one partial row to sum
+constexpr int kShortRowBlockThreads = 512;
+constexpr int64_t kShortRowMaxPacks = 32;  // a warp's lanes, one pack each
 
-enum class NormPath { Cluster, Cached, LongRows };
+enum class NormPath { Cluster, Cached, LongRows, ShortRows };
 
 struct NormProblemShape {
   int64_t rows;
@@ -62,7 +68,8 @@ struct NormLaunchPlan {
   bool row_statistics;              // backward: rows store mean and rstd, weights are summed by columns
   bool shared_sums;                 // Cached backward, persistent grid: column sums in shared memory
   int weight_gradient_row_groups;   // backward: row groups of the column sums (weight_gradient_sums.cuh)
-  int max_blocks_per_sm;            // Cached backward, persistent grid
+  int max_blocks_per_sm;            // Cached and ShortRows backward, persistent grid
+  int threads_per_row;              // ShortRows: lanes per row, 8, 16 or 32
 };
 
 NormLaunchPlan plan_norm(const NormProblemShape& shape);
