@@ -197,8 +197,6 @@ void norm_forward_cuda(const NormForwardProblem& p, at::ScalarType dtype, at::Sc
   });
 }
 
-// The persistent cached backward: the staged kernel where the plan's rule prefers it, else the plain
-// one. Returns false when neither fits this GPU's shared memory (the caller takes the long-row path).
 // A persistent backward grid over `work_items` (rows, or groups of rows) of at most `blocks` blocks,
 // each writing one partial row of column sums (one block writes the gradients itself), then
 // column_sum_kernel over the partial rows. `extra` follows the kernel's partials arguments.
@@ -234,6 +232,8 @@ void launch_norm_backward_short_rows(const NormBackwardProblem& p, const NormLau
   });
 }
 
+// The persistent cached backward: the staged kernel where the plan's rule prefers it, else the plain
+// one. Returns false when neither fits this GPU's shared memory (the caller takes the long-row path).
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kPacks, bool kSharedSums>
 bool launch_norm_backward_persistent(const NormBackwardProblem& p, const NormLaunchPlan& plan,
                                      const at::TensorOptions& acc_options, cudaStream_t stream) {

@@ -103,6 +103,7 @@ __global__ void __launch_bounds__(kShortRowBlockThreads, 4) norm_forward_short_r
   }
 }
 
+// Two blocks per SM (64 registers: x, grad and each lane's column sums), the persistent grid's size.
 template <typename scalar_t, typename weight_t, NormKind kKind, int kWidth, int kThreadsPerRow>
 __global__ void __launch_bounds__(kShortRowBlockThreads, 2)
     norm_backward_short_rows_kernel(NormBackwardProblem p, at::opmath_type<scalar_t>* weight_partials,
