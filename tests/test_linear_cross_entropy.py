@@ -114,8 +114,8 @@ def test_gradients_ignore_what_earlier_memory_left_in_the_buffer(device, dtype):
 
 def test_chunk_plan(monkeypatch):
     """The rows per chunk (ops/cross_entropy/launch_plan.h), read through the library's C entry point:
-    an eighth of the logits held between 120 MB and 512 MB and under an eighth of free memory, the rows
-    split evenly in whole multiples of 64."""
+    an eighth of the logits held between 120 MB and 1 GB and under an eighth of free memory, the rows
+    split as evenly as whole multiples of 512 allow (of 64 under 512 rows)."""
     import ctypes
     function = ctypes.CDLL(fused_ops.library_path()).fused_ops_cross_entropy_chunk_rows
     function.restype = ctypes.c_int64
@@ -129,14 +129,22 @@ def test_chunk_plan(monkeypatch):
         count = -(-rows // chunk)
         return chunk, count, rows - (count - 1) * chunk
 
-    # 512 MB (the largest) at a Llama-3 vocabulary in bf16: eight chunks of 2048 rows.
+    # An eighth of the logits at Llama-3's, Qwen's and Gemma 3's vocabularies in bf16 (525 MB, 594 MB and
+    # 1 GB): eight chunks of 2048 rows.
     assert chunks(16384, 128256, 2) == (2048, 8, 2048)
+    assert chunks(16384, 151936, 2) == (2048, 8, 2048)
+    assert chunks(16384, 262144, 2) == (2048, 8, 2048)
+    # 1 GB is the largest: 2048 rows of Gemma 3's vocabulary however many rows there are.
+    assert chunks(65536, 262144, 2) == (2048, 32, 2048)
     # An eighth of Qwen's float32 logits (297 MB): eight chunks of 512 rows.
     assert chunks(4096, 151936, 4) == (512, 8, 512)
-    # 120 MB at most (1920 rows) for 8192 x 32000 bf16, split evenly: four of 1664 and one of 1536, not
-    # four of 1920 and one of 512.
-    assert chunks(8192, 32000, 2) == (1664, 5, 1536)
+    # 120 MB at most (1966 rows) for 8192 x 32000 bf16, in whole multiples of 512: five of 1536 and one
+    # of 512, not four of 1664 and one of 1536.
+    assert chunks(8192, 32000, 2) == (1536, 6, 512)
     assert function(8192, 32000, 2, plenty) * 32000 * 2 <= 120 * megabyte
+    # Under 512 rows a chunk holds whole multiples of 64: 3000 float32 rows of 262144 classes (1 MB a
+    # row, an eighth is 375 rows): nine of 320 and one of 120.
+    assert chunks(3000, 262144, 4) == (320, 10, 120)
     # Small logits take one chunk; one row is the least; free memory caps the chunk at an eighth of it.
     assert chunks(100, 50257, 4) == (100, 1, 100)
     assert function(3, 1, 4, plenty) == 3
@@ -147,7 +155,7 @@ def test_chunk_plan(monkeypatch):
     assert chunks(8192, 32000, 2) == (128, 64, 128)
     for setting in ("0", ""):
         monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
-        assert chunks(8192, 32000, 2) == (1664, 5, 1536)
+        assert chunks(8192, 32000, 2) == (1536, 6, 512)
     for setting in ("abc", "-5", "8MB", "1e3", str(1 << 21)):
         monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
         assert function(8192, 32000, 2, plenty) == -1, setting

@@ -16,8 +16,13 @@ constexpr int64_t kMegabyte = int64_t(1) << 20;
 // per chunk costs more than a smaller chunk saves), and the free memory above which the free-memory
 // cap cannot bind.
 constexpr int64_t kSmallestChunkBytes = 120 * kMegabyte;
-constexpr int64_t kLargestChunkBytes = 512 * kMegabyte;
+constexpr int64_t kLargestChunkBytes = 1024 * kMegabyte;
 constexpr int64_t kMemoryNeverBinding = 8 * kLargestChunkBytes;
+// Chunks of at least this many rows hold whole multiples of it: cuBLAS runs the input-gradient product
+// of a 1536- or 2048-row chunk about 10% faster than one of 1664 or 2368 rows; smaller chunks hold
+// whole multiples of 64 rows.
+constexpr int64_t kChunkRowMultiple = 512;
+constexpr int64_t kSmallChunkRowMultiple = 64;
 
 // Row stride of the chunk buffer in elements: whole 16-byte vectors, so every row starts aligned.
 inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
@@ -43,9 +48,9 @@ inline int64_t requested_chunk_bytes() {
   return megabytes * kMegabyte;
 }
 
-// At most an eighth of the whole logits, held between 120 MB and 512 MB, and at most an eighth of the
-// memory available; then the rows split evenly into as few chunks as that allows (a short last chunk
-// runs its products at a fraction of the others' speed), whole multiples of 64 rows once that large.
+// At most an eighth of the whole logits, held between 120 MB and 1 GB, and at most an eighth of the
+// memory available; then the rows split as evenly as whole multiples of 512 rows allow (64 for chunks
+// under 512 rows) into as few chunks as that allows.
 inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
                                              int64_t available_bytes) {
   const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
@@ -55,11 +60,12 @@ inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int6
   const int64_t requested = requested_chunk_bytes();
   if (requested > 0) budget = requested;
   int64_t largest = std::max<int64_t>(1, budget / row_bytes);
-  if (largest > 64) largest = largest / 64 * 64;
+  const int64_t multiple = largest >= kChunkRowMultiple ? kChunkRowMultiple : kSmallChunkRowMultiple;
+  if (largest > multiple) largest = largest / multiple * multiple;
   if (largest >= rows) return std::max<int64_t>(1, rows);
   const int64_t chunks = (rows + largest - 1) / largest;
   int64_t chunk = (rows + chunks - 1) / chunks;
-  if (chunk > 64) chunk = std::min(largest, (chunk + 63) / 64 * 64);
+  if (chunk > multiple) chunk = std::min(largest, (chunk + multiple - 1) / multiple * multiple);
   return chunk;
 }
 
