@@ -33,6 +33,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -404,6 +405,14 @@ def csv_rows(results, args, device, torch_version):
     return rows
 
 
+def failure_summary(output):
+    """A failed child's last exception line (what raised, and why) and the end of its output: a
+    traceback's last 600 characters often hold only the frames and hints that follow the message."""
+    raised = [line for line in output.splitlines() if re.match(r"^[\w.]+(Error|Exception|Unsupported|Failure)\b", line)]
+    head = raised[-1][:400] + " ... " if raised else ""
+    return head + output[-600:]
+
+
 def run_variant(args, family, layers, variant, decode_on):
     command = [sys.executable, os.path.abspath(__file__), "--child", variant, "--family", family,
                f"--layers={layers}"] + [f"--{name}={getattr(args, name)}" for name in ("batch", "sequence", "steps", "out")]
@@ -419,7 +428,7 @@ def run_variant(args, family, layers, variant, decode_on):
     lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT ")]
     if run.returncode != 0 or not lines:
         result = {"family": family, "layers": layers, "variant": variant,
-                  "error": (run.stderr or run.stdout)[-600:]}
+                  "error": failure_summary(run.stderr or run.stdout)}
     else:
         result = json.loads(lines[-1][len("RESULT "):])
     result["run_s"] = time.perf_counter() - start
