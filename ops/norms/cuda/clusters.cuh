@@ -256,13 +256,7 @@ __global__ void __launch_bounds__(kClusterBlockThreads) layer_norm_forward_clust
 #pragma unroll
   for (int k = 0; k < kPacks; ++k) {
     if (!packs.in_row(k)) continue;
-    XPack out;
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight[k].values[j]);
-      if (p.bias) value += static_cast<acc_t>(bias[k].values[j]);
-      out.values[j] = static_cast<scalar_t>(value);
-    }
+    const XPack out = normalized_pack(p, h[k], mean, rstd, weight[k], bias[k]);
     store_pack<scalar_t, kWidth>(p.out, row * p.columns, packs.pack(k), out);
   }
 #endif

@@ -75,6 +75,25 @@ __device__ __forceinline__ acc_t offset_weight(const Problem& p, weight_t weight
   }
 }
 
+// One pack of the forward's output in x's type: (h - mean) · rstd · (offset + weight), plus the bias
+// where the norm has one (`bias` is not read otherwise).
+template <typename acc_t, typename Problem, typename scalar_t, typename weight_t, int kBytes, int kWeightBytes>
+__device__ __forceinline__ Vec<scalar_t, kBytes> normalized_pack(const Problem& p, const Vec<scalar_t, kBytes>& h,
+                                                                 acc_t mean, acc_t rstd,
+                                                                 const Vec<weight_t, kWeightBytes>& weight,
+                                                                 const Vec<weight_t, kWeightBytes>& bias) {
+  constexpr int kWidth = Vec<scalar_t, kBytes>::kSize;
+  static_assert(Vec<weight_t, kWeightBytes>::kSize == kWidth, "one weight per element");
+  Vec<scalar_t, kBytes> out;
+#pragma unroll
+  for (int j = 0; j < kWidth; ++j) {
+    acc_t value = (static_cast<acc_t>(h.values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight.values[j]);
+    if (p.bias) value += static_cast<acc_t>(bias.values[j]);
+    out.values[j] = static_cast<scalar_t>(value);
+  }
+  return out;
+}
+
 // Backward of one row: its sums Σ (h - mean)², Σ gw·(h - mean), Σ gw (gw = grad · weight) over
 // the block give rstd and the means in grad_h = rstd · (gw - mean(gw) - n · mean(gw · n)),
 // n = (h - mean) · rstd (RMS: mean = mean(gw) = 0); `weight` is offset + weight.

@@ -92,13 +92,7 @@ __global__ void __launch_bounds__(kShortRowBlockThreads, 4) norm_forward_short_r
     const acc_t variance = kKind == NormKind::RMS ? squares / p.columns : squares * inverse_columns;
     const acc_t rstd = reciprocal_sqrt(variance + static_cast<acc_t>(p.eps));
     if (!live) continue;
-    XPack out;
-#pragma unroll
-    for (int j = 0; j < kWidth; ++j) {
-      acc_t value = (static_cast<acc_t>(h.values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight.values[j]);
-      if (p.bias) value += static_cast<acc_t>(bias.values[j]);
-      out.values[j] = static_cast<scalar_t>(value);
-    }
+    const XPack out = normalized_pack(p, h, mean, rstd, weight, bias);
     store_pack<scalar_t, kWidth>(p.out, row * p.columns, lane.pack, out);
   }
 }
