@@ -363,7 +363,7 @@ def plot(results, path):
 
 
 CSV_FIELDS = ["family", "variant", "batch", "sequence", "layers", "step_ms", "tokens_per_s", "peak_gb",
-              "first_step_extra_s", "decode_ms", "gpu", "torch", "date"]
+              "first_step_extra_s", "decode_ms", "gpu", "torch", "date", "commit"]
 # Rows written before the family column were all of this family.
 FAMILY_OF_ROWS_WITHOUT_ONE = "llama3.2-1b"
 
@@ -394,6 +394,9 @@ def append_csv(path, rows):
 
 
 def csv_rows(results, args, device, torch_version):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from bench import source_commit
+
     rows = []
     for r in results:
         if "tokens_per_s" in r:
@@ -401,7 +404,7 @@ def csv_rows(results, args, device, torch_version):
                              layers=r["layers"], step_ms=f"{r['step_ms']:.1f}", tokens_per_s=f"{r['tokens_per_s']:.0f}",
                              peak_gb=f"{r['peak_gb']:.2f}" if r["peak_gb"] is not None else "", first_step_extra_s=f"{r['first_step_extra_s']:.1f}",
                              decode_ms=f"{r['decode_ms']:.3f}" if "decode_ms" in r else "", gpu=device,
-                             torch=torch_version, date=date.today().isoformat()))
+                             torch=torch_version, date=date.today().isoformat(), commit=source_commit()))
     return rows
 
 
