@@ -123,7 +123,15 @@ __device__ __forceinline__ void norm_forward_cached_rows(const NormForwardProble
       const WPack weight = load_pack<weight_t, kWidth>(p.weight, 0, pack);
       WPack bias;
       if (p.bias) bias = load_pack<weight_t, kWidth>(p.bias, 0, pack);
-      const XPack out = normalized_pack(p, h[k], mean, rstd, weight, bias);
+      // normalized_pack's math written out: through the helper, the one-pack bf16 RMS forward over
+      // float weights (with a residual) needs 40 registers instead of 32.
+      XPack out;
+#pragma unroll
+      for (int j = 0; j < kWidth; ++j) {
+        acc_t value = (static_cast<acc_t>(h[k].values[j]) - mean) * rstd * offset_weight<acc_t>(p, weight.values[j]);
+        if (p.bias) value += static_cast<acc_t>(bias.values[j]);
+        out.values[j] = static_cast<scalar_t>(value);
+      }
       store_pack<scalar_t, kWidth>(p.out, row * p.columns, pack, out);
     }
   }
