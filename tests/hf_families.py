@@ -19,7 +19,9 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             encoder_ffn_dim=96, decoder_ffn_dim=96, num_heads=4, d_ff=96, d_kv=16,
             # state-space layers of hybrid families
             mamba_d_state=16, mamba_n_heads=4, mamba_d_head=16, mamba_chunk_size=16, mamba_d_ssm=64,
-            mamba_n_groups=1, chunk_size=16, state_size=16, ssm_state_size=16, n_groups=1, time_step_rank=8)
+            mamba_n_groups=1, chunk_size=16, state_size=16, ssm_state_size=16, n_groups=1, time_step_rank=8,
+            # per-layer token embeddings (Gemma 3n, Gemma 4)
+            hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)
 MAX_PARAMETERS = 8_000_000
 # Families whose tiny model takes a minute a forward on the CPU (Python loops of linear attention):
 # tested with the slow tests.
@@ -39,6 +41,10 @@ OVERRIDES = {
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     "mamba2": dict(num_heads=8),
+    "granitemoehybrid": dict(layer_types=["linear_attention", "full_attention"], mamba_n_heads=8),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
     "rwkv": dict(attention_hidden_size=64),
     "gemma3": dict(mm_tokens_per_image=4, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                             num_attention_heads=2, image_size=32, patch_size=8)),
@@ -52,17 +58,51 @@ def causal_lm_model_types():
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def _has(config, name):
+    try:
+        return hasattr(config, name)
+    except Exception:  # a per-layer attribute read globally (Gemma 4's head_dim): it is there
+        return True
+
+
+# Families whose tiny model keeps the first layer and the first of another kind (Gemma 4's sliding and
+# full attention layers differ in head size and rotary), not the first two.
+ONE_LAYER_OF_EACH_KIND = {"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text"}
+
+
+def _one_layer_of_each_kind(config, before):
+    """Cut the per-layer lists and overrides of `config`, as `before` had them, to two layers: the first
+    and the first of another kind; a layer's own sizes become twice the tiny ones."""
+    layers, kinds = before["num_hidden_layers"], before["layer_types"]
+    kept = (0, next(i for i, kind in enumerate(kinds) if kind != kinds[0]))
+    for name, value in before.items():
+        if isinstance(value, list) and len(value) == layers:
+            setattr(config, name, [value[i] for i in kept])
+    overrides = {int(layer): values for layer, values in (before.get("per_layer_config") or {}).items()}
+    config.per_layer_config = {new: {name: 2 * TINY[name] if isinstance(TINY.get(name), int) else value
+                                     for name, value in overrides[old].items()}
+                               for new, old in enumerate(kept) if old in overrides}
+
+
 def tiny_config(model_type):
     from transformers import AutoConfig
     config = AutoConfig.for_model(model_type)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     for target in {id(config): config, id(text_config): text_config}.values():
+        before = target.to_dict()
+        if before.get("per_layer_config"):
+            target.per_layer_config = None  # per-layer sizes for the layers kept come below
+        if model_type in ONE_LAYER_OF_EACH_KIND and target is text_config:
+            _one_layer_of_each_kind(target, before)
         for name, value in {**TINY, **OVERRIDES.get(model_type, {})}.items():
             if isinstance(value, dict):  # a sub-config's sizes (a multimodal model's vision tower)
-                for sub_name, sub_value in value.items() if hasattr(target, name) else ():
+                for sub_name, sub_value in value.items() if _has(target, name) else ():
                     setattr(getattr(target, name), sub_name, sub_value)
-            elif hasattr(target, name):
+            elif _has(target, name):
                 try:
+                    current = getattr(target, name, None)
+                    if isinstance(current, list) and isinstance(value, int):  # a size per layer
+                        value = [value] * len(current)
                     setattr(target, name, value)
                 except Exception:  # a read-only property of that family's config
                     pass
@@ -119,7 +159,8 @@ def batch(model, seed=1):
 # The families every part of which fuse() runs as fused ops (each with the parts it may leave).
 FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "granite", "glm4", "olmo2", "olmo3",
                "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
-               "qwen3_moe", "hunyuan_v1_moe", "gpt_oss"]
+               "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
+               "granitemoe", "granitemoeshared"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},

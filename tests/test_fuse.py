@@ -432,7 +432,7 @@ def test_gemma3_image_text_model_fuses_its_head_and_loss_with_images():
     stock = hf_families.build("gemma3")
     fused = fused_ops.fuse(copy.deepcopy(stock))
     head = [e for e in fused.fused_ops_report.entries if e.kind == "lm_head_loss"]
-    assert len(head) == 1 and head[0].swapped and "signature=image_text" in head[0].detail, fused.fused_ops_report
+    assert len(head) == 1 and head[0].swapped and "labels_to_base=True" in head[0].detail, fused.fused_ops_report
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, stock.config.text_config.vocab_size, (2, 12), generator=generator)
     ids[:, 2:2 + stock.config.mm_tokens_per_image] = stock.config.image_token_id

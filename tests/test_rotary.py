@@ -87,6 +87,25 @@ def test_empty(device, dtype):
     assert q_out.shape == q.shape and k_out.shape == k.shape
 
 
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_keys_of_no_heads_rotate_the_queries_alone(device, dtype, unsqueeze_dim):
+    """A detached view of no heads as k (one tensor's rotation, as fuse() runs Gemma 3n and 4's): q's
+    values and gradient as with keys, an empty k."""
+    q, _, cos, sin = make_inputs(2, 4, 1, 7, 64, 64, dtype, device, unsqueeze_dim)
+    no_heads = q.narrow(unsqueeze_dim, 0, 0)
+    check_values(q, no_heads, cos, sin, unsqueeze_dim, False, dtype)
+    q = q.double().requires_grad_()
+    cos, sin = cos.double(), sin.double()
+    q_out, k_out = fused_ops.rotary_embedding(q, q.detach().narrow(unsqueeze_dim, 0, 0), cos, sin, unsqueeze_dim)
+    assert k_out.numel() == 0
+    grad = torch.randn_like(q_out)
+    q_out.backward(grad)
+    reference_q = q.detach().clone().requires_grad_()
+    want_q, _ = reference(reference_q, reference_q.detach().narrow(unsqueeze_dim, 0, 0), cos, sin, unsqueeze_dim, False)
+    (want_grad,) = torch.autograd.grad(want_q, reference_q, grad)
+    torch.testing.assert_close(q.grad, want_grad)
+
+
 @pytest.mark.parametrize("shape", PARTIAL_SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("table_dtype", [None, torch.float32], ids=["tables_of_heads_dtype", "float32_tables"])
 def test_backward_of_partial_rotations(device, dtype, shape, table_dtype):

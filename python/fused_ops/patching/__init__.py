@@ -17,7 +17,7 @@ from .rules.bias_gelu import BiasGELURule
 from .rules.causal_mask import CausalMaskRule
 from .rules.experts_gate import ExpertsGateRule
 from .rules.gated_mlp import GatedMLPRule
-from .rules.lm_head import LMHeadLossRule
+from .rules.lm_head import LMHeadLossRule, base_model_name
 from .rules.norm import NormRule
 from .rules.residual_norm import ResidualNormRule
 from .rules.rotary import RotaryRule
@@ -137,8 +137,8 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     rules = [rule for rule, flag in _RULES if enabled[flag]]
     candidates = {rule.kind: list(rule.candidates(model)) for rule in rules}
     captured = {module for rule in rules if rule.needs_capture for _, module in candidates[rule.kind]}
-    captured |= {module.model for rule in rules if rule.kind == "lm_head_loss" for _, module in candidates[rule.kind]
-                 if isinstance(getattr(module, "model", None), torch.nn.Module)}
+    captured |= {module._modules[base_model_name(module)] for rule in rules if rule.kind == "lm_head_loss"
+                 for _, module in candidates[rule.kind] if base_model_name(module) is not None}
     threads = probe.host_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
     try:

@@ -21,4 +21,15 @@ EXPECTED_FUSIONS = {
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
     "gpt_oss": MOE - {"experts_gate"},  # its gate is a clamped SwiGLU with a scale, not act(gate) * up
+    # Gemma 3n and 4 rotate queries and keys in separate calls; their layers carry per-layer inputs.
+    "gemma4_text": EXTRA_NORMS, "gemma4": EXTRA_NORMS, "gemma4_unified_text": EXTRA_NORMS,
+    "gemma3n_text": EXTRA_NORMS - {"gated_mlp"},  # its MLP sparsifies the gate's activations
+    "falcon_h1": EXTRA_NORMS,  # the head's lm_head_multiplier is the loss's logit scale
+    "bamba": EXTRA_NORMS,
+    # Granite's MoE heads: the logits scaling, and the router loss request read from the config.
+    "granitemoe": MOE - {"residual_norm"}, "granitemoeshared": MOE - {"residual_norm"},
+    "granitemoehybrid": MOE - {"residual_norm"}, "lfm2_moe": MOE - {"residual_norm"},
+    # The base model at the class's base_model_prefix (`transformer`, `gpt_neox`).
+    "gpt2": frozenset({"norm", "bias_gelu", "lm_head_loss", "causal_mask"}),
+    "gpt_neox": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
 }

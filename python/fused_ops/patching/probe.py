@@ -410,6 +410,41 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
     _compare(want, got, f"{own_dtype} output", 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2)
 
 
+@contextlib.contextmanager
+def _state_kept(model):
+    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers) and
+    in their configs: a model that picks its attention by the sequence length it is called with
+    (BigBird's block-sparse attention falls back to full attention for short ones, for good) must not
+    keep the probe forward's choice."""
+    modules = list(model.modules())
+    saved = [(module, dict(vars(module)), dict(module._modules), dict(module._buffers)) for module in modules]
+    configs = {id(config): (config, dict(vars(config))) for config in (getattr(m, "config", None) for m in modules)
+               if config is not None and hasattr(config, "__dict__")}
+    try:
+        yield
+    finally:
+        for module, attributes, children, buffers in saved:
+            _put_back(module, attributes, lambda name: name.startswith("_"))
+            module._modules.clear()
+            module._modules.update(children)
+            module._buffers.clear()
+            module._buffers.update(buffers)
+        for config, attributes in configs.values():
+            _put_back(config, attributes, lambda name: False)
+
+
+def _put_back(owner, attributes, kept):
+    """Sets `owner`'s attributes back to `attributes`, except the names `kept(name)` leaves as they are."""
+    for name in [name for name in vars(owner) if name not in attributes and not kept(name)]:
+        delattr(owner, name)
+    for name, value in attributes.items():
+        if not kept(name) and vars(owner).get(name, _MISSING) is not value:
+            object.__setattr__(owner, name, value)
+
+
+_MISSING = object()
+
+
 def capture_calls(model, modules, probe):
     """Runs `probe()` once (eval, no grad) and returns {module: (args, kwargs, output)} of each module's
     first call."""
@@ -423,7 +458,7 @@ def capture_calls(model, modules, probe):
     for module in modules:
         handles.append(module.register_forward_hook(recorder(module), with_kwargs=True))
     try:
-        with _modes(model, False), torch.no_grad():
+        with _modes(model, False), torch.no_grad(), _state_kept(model):
             probe()
     finally:
         for handle in handles:

@@ -1,15 +1,21 @@
 """The causal LM's head + loss when training with labels: linear_cross_entropy, without the logits.
 
-What families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
-Granite's `1 / logits_scaling`), taken on the rows before the product, and a final-logit softcap
-(Gemma 2 and 3), which the op applies. The MoE families' router loss (`output_router_logits`) is added to
-the fused loss by the family's own `load_balancing_loss_func`, as its stock forward adds it. Gemma 3's
-image-text model has a forward of its own arguments (images and token types go to its base model).
+The fused forward takes the stock forward's own arguments (bound to its signature, so positional
+arguments mean what they meant), hands the base model (at `.model`, or at the class's
+`base_model_prefix`: GPT-2's `transformer`) what the stock forward hands it, takes the loss of the head
+over its last hidden state, and returns the stock output's class with the base model's fields. What
+families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
+Granite's `1 / logits_scaling`, Falcon-H1's `lm_head_multiplier`), taken on the rows before the
+product, and a final-logit softcap (Gemma 2, 3), which the op applies. The MoE families' router loss
+(`output_router_logits`) is added to the fused loss by the family's own `load_balancing_loss_func`, as
+its stock forward adds it. Image-text models (Gemma 3, 4) hand the labels to their base model too.
 
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
 """
+import dataclasses
 import inspect
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -19,25 +25,25 @@ from .. import probe
 from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear
 from . import LeftAlone, Rule
 
-# The causal-LM forwards whose arguments this rule knows: Llama's and its copies', and the MoE families'
-# with `output_router_logits`.
-_PARAMETERS = ["self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
-               "use_cache", "logits_to_keep", "kwargs"]
-_MOE_PARAMETERS = _PARAMETERS[:8] + ["output_router_logits"] + _PARAMETERS[8:]
+# The arguments the probe gives every candidate; any other named argument of a forward is handed to the
+# base model as it is, which the probe proves with a marker value in it.
+_CORE = {"self", "input_ids", "attention_mask", "position_ids", "past_key_values", "inputs_embeds", "labels",
+         "use_cache", "logits_to_keep", "output_router_logits"}
 _PROBE_HEAD_WIDTH = 16
-
-
-# Gemma 3's image-text model: the image inputs and the labels go to the base model, the loss is the
-# causal LM's.
-_IMAGE_TEXT_PARAMETERS = ["self", "input_ids", "pixel_values", "attention_mask", "position_ids", "past_key_values",
-                          "token_type_ids", "inputs_embeds", "labels", "use_cache", "logits_to_keep", "lm_kwargs"]
+# Output fields the fused forward sets itself rather than takes from the base model's output.
+_OWN_FIELDS = {"loss", "logits", "aux_loss"}
 
 
 @forward_builder("lm_head_loss")
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
-    logit_scale, softcap = options["logit_scale"], options["softcap"]
+    logit_scale, softcap, labels_to_base = options["logit_scale"], options["softcap"], options["labels_to_base"]
+    base_name = options["base"]
     router_loss_function = innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"] else None
+    signature = inspect.signature(innermost(stock))
+    parameters = list(signature.parameters.values())
+    own, more = parameters[0].name, next(p.name for p in parameters if p.kind is p.VAR_KEYWORD)
+    fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS]
 
     def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
         """The causal LM's loss of the head over `hidden_states`, without the logits."""
@@ -56,80 +62,85 @@ def _causal_lm_forward(base, options):
                            else num_items_in_batch)
         return loss
 
-    def runs_stock(self, labels, shift_labels):
+    def forward(self, *args, **kwargs):
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        extra = dict(arguments.pop(more))
+        del arguments[own]
+        labels, shift_labels = arguments.pop("labels"), extra.get("shift_labels")
+        router_logits_wanted = arguments.pop("output_router_logits", None)
+        if router_logits_wanted is None:
+            router_logits_wanted = extra.pop("output_router_logits", None)
+        if router_logits_wanted is None:
+            router_logits_wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
         training_with_labels = self.training and (labels is not None or shift_labels is not None)
-        return not training_with_labels or not is_plain_linear(self.lm_head)
-
-    if options.get("signature") == "image_text":
-        def forward(self, input_ids=None, pixel_values=None, attention_mask=None, position_ids=None,
-                    past_key_values=None, token_type_ids=None, inputs_embeds=None, labels=None, use_cache=None,
-                    logits_to_keep=0, **lm_kwargs):
-            shift_labels = lm_kwargs.get("shift_labels")
-            if runs_stock(self, labels, shift_labels):
-                return stock(self, input_ids=input_ids, pixel_values=pixel_values, attention_mask=attention_mask,
-                             position_ids=position_ids, past_key_values=past_key_values,
-                             token_type_ids=token_type_ids, inputs_embeds=inputs_embeds, labels=labels,
-                             use_cache=use_cache, logits_to_keep=logits_to_keep, **lm_kwargs)
-            num_items_in_batch = lm_kwargs.pop("num_items_in_batch", None)
-            lm_kwargs.pop("shift_labels", None)
-            outputs = self.model(input_ids=input_ids, pixel_values=pixel_values, token_type_ids=token_type_ids,
-                                 attention_mask=attention_mask, position_ids=position_ids,
-                                 past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                                 labels=labels, return_dict=True, **lm_kwargs)
-            loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep,
-                              num_items_in_batch)
-            return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                                hidden_states=outputs.hidden_states, attentions=outputs.attentions,
-                                image_hidden_states=getattr(outputs, "image_hidden_states", None))
-    else:
-        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                    inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
-            shift_labels = kwargs.get("shift_labels")
-            router_loss = kwargs.get("output_router_logits")
-            if router_loss is None:
-                router_loss = getattr(getattr(self, "config", None), "output_router_logits", False)
-            if runs_stock(self, labels, shift_labels) or (router_loss and router_loss_function is None):
-                return stock(self, input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, labels=labels,
-                             use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs)
-            num_items_in_batch = kwargs.pop("num_items_in_batch", None)
-            kwargs.pop("shift_labels", None)
-            kwargs.pop("output_router_logits", None)
-            if options["router_loss"]:
-                kwargs["output_router_logits"] = bool(router_loss)
-            outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                                 **kwargs)
-            loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep,
-                              num_items_in_batch)
-            extra = {}
-            if router_loss:
-                aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
-                                                attention_mask)
-                loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
-                extra = dict(aux_loss=aux_loss, router_logits=outputs.router_logits)
-            return output_class(loss=loss, logits=None, past_key_values=outputs.past_key_values,
-                                hidden_states=outputs.hidden_states, attentions=outputs.attentions, **extra)
+        if (not training_with_labels or not is_plain_linear(self.lm_head)
+                or (router_logits_wanted and router_loss_function is None)):
+            return stock(self, *args, **kwargs)
+        logits_to_keep = arguments.pop("logits_to_keep", 0)
+        num_items_in_batch = extra.get("num_items_in_batch")  # the base model is handed it too, as by the stock one
+        if options["router_to_base"]:
+            extra["output_router_logits"] = bool(router_logits_wanted)
+        if labels_to_base:
+            arguments["labels"], extra["return_dict"] = labels, True
+        outputs = self._modules[base_name](**arguments, **extra)
+        loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep, num_items_in_batch)
+        passed = {name: getattr(outputs, name, None) for name in fields}
+        if router_logits_wanted:
+            aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
+                                            arguments.get("attention_mask"))
+            loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+            passed["aux_loss"] = aux_loss
+        return output_class(loss=loss, logits=None, **passed)
     if stock is not innermost(stock):  # keep the return_dict=False handling of transformers' decorator
         from transformers.utils.generic import can_return_tuple
         forward = can_return_tuple(forward)
     return forward
 
 
-class _HiddenStates(torch.nn.Module):
-    """Stands in for the base model in a probe: returns its `hidden` parameter as the last hidden state,
-    and its `router_logits` parameters (one per layer) when asked for them."""
+def _marker(key, value):
+    """A number that changes with what the base model was handed under `key`."""
+    if value is None:
+        return 0.0
+    weight = 1.0 + zlib.crc32(repr(key).encode()) % 1000 / 1000.0
+    if torch.is_tensor(value):
+        return weight * (1.0 + float(value.detach().double().abs().sum()) % 1.0)
+    return weight * (1.0 + zlib.crc32(repr(value).encode()) % 1000 / 1000.0)
 
-    def __init__(self, hidden, output_class, router_logits=()):
+
+class _HiddenStates(torch.nn.Module):
+    """Stands in for the base model in a probe: returns its `hidden` parameter, shifted by a number that
+    depends on every argument it was handed (so a fused forward that hands it anything else gives another
+    loss), as the last hidden state; a distinct marker in every other field of its output class, and its
+    `router_logits` parameters (one per layer) when it has them. The real base model's parameter names
+    and numbers (Falcon-H1's `lm_head_multiplier`) are its own."""
+
+    def __init__(self, base, hidden, output_class, router_logits=()):
         super().__init__()
         self.hidden = torch.nn.Parameter(hidden)
         self.router_logits = torch.nn.ParameterList(router_logits)
         self.output_class = output_class
+        self.signature = inspect.signature(innermost(type(base).forward))
+        for name, value in vars(base).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not name.startswith("_"):
+                setattr(self, name, value)
 
-    def forward(self, *args, output_router_logits=False, **kwargs):
-        if output_router_logits:
-            return self.output_class(last_hidden_state=self.hidden, router_logits=tuple(self.router_logits))
-        return self.output_class(last_hidden_state=self.hidden)
+    def forward(self, *args, **kwargs):
+        # By the real base model's parameter names: input_ids handed by position or by name is the same.
+        arguments = self.signature.bind_partial(None, *args, **kwargs).arguments
+        more = [name for name, p in self.signature.parameters.items() if p.kind is p.VAR_KEYWORD]
+        handed = {**{name: value for name, value in list(arguments.items())[1:] if name not in more},
+                  **(arguments.get(more[0], {}) if more else {})}
+        handed = [_marker(name, value) for name, value in handed.items() if name != "return_dict"]
+        hidden = self.hidden + sum(handed) / 4
+        fields = {}
+        for number, field in enumerate(dataclasses.fields(self.output_class)):
+            if field.name not in ("last_hidden_state", "router_logits"):
+                fields[field.name] = torch.full((1,), number + 0.5, dtype=hidden.dtype, device=hidden.device)
+        if len(self.router_logits):
+            fields["router_logits"] = tuple(self.router_logits)
+        return self.output_class(last_hidden_state=hidden, **fields)
 
 
 class LMHeadLossRule(Rule):
@@ -143,33 +154,44 @@ class LMHeadLossRule(Rule):
                 yield name, module
 
     def variants(self, module, context):
-        if "model" not in module._modules:
-            raise LeftAlone("its base model is not at .model")
-        if _parameters(module) not in (_PARAMETERS, _MOE_PARAMETERS, _IMAGE_TEXT_PARAMETERS):
-            raise LeftAlone(f"its forward's arguments are not the Llama-shaped causal LM's: {_parameters(module)}")
+        if base_model_name(module) is None:
+            raise LeftAlone("its base model is neither at .model nor at its base_model_prefix")
+        parameters = _signature_parameters(module)
+        kinds = [p.kind for p in parameters[1:]]
+        names = [p.name for p in parameters]
+        if ("input_ids" not in names or "labels" not in names or inspect.Parameter.VAR_KEYWORD not in kinds
+                or inspect.Parameter.VAR_POSITIONAL in kinds or inspect.Parameter.POSITIONAL_ONLY in kinds):
+            raise LeftAlone(f"its forward does not take input_ids, labels and keyword arguments by name: {names}")
         if not isinstance(module.lm_head, torch.nn.Linear):
             raise LeftAlone("its head is not an nn.Linear")
         output = context.captured_output(module)
-        if output is None or not hasattr(output, "logits"):
+        if output is None or not hasattr(output, "logits") or not dataclasses.is_dataclass(output):
             raise LeftAlone("the probe forward gave no output with logits")
         config = getattr(module, "config", None)
         softcap = getattr(config, "final_logit_softcapping", None)
         softcap = float(softcap) if isinstance(softcap, (int, float)) and softcap > 0 else 0.0
         scales = [1.0]
         logits_scaling = getattr(config, "logits_scaling", None)
-        for scale in (getattr(module, "logit_scale", None), 1.0 / logits_scaling if _positive(logits_scaling) else None):
+        for scale in (getattr(module, "logit_scale", None), 1.0 / logits_scaling if _positive(logits_scaling) else None,
+                      getattr(config, "lm_head_multiplier", None)):
             if _positive(scale) and scale not in scales:
                 scales.append(float(scale))
         if module.lm_head.bias is not None:
             scales = [1.0]  # a scale taken on the rows would scale the bias too
         router_loss = _has_router_loss(module)
-        signature = (("signature", "image_text"),) if _parameters(module) == _IMAGE_TEXT_PARAMETERS else ()
-        return [(("logit_scale", scale), ("output_class", type(output)), ("router_loss", router_loss),
-                 ("softcap", softcap)) + signature for scale in scales]
+        # Whether the base model is handed the labels (image-text models) and `output_router_logits` (most
+        # MoE families; Granite's MoE reads it from its config) is what the probe proves.
+        return [(("base", base_model_name(module)), ("labels_to_base", labels), ("logit_scale", scale),
+                 ("output_class", type(output)), ("router_loss", router_loss), ("router_to_base", router),
+                 ("softcap", softcap))
+                for labels in (False, True)
+                for router in ((True, False) if "output_router_logits" in names else (False,))
+                for scale in scales]
 
     def verify(self, module, fused_cls, context):
-        base_output = context.captured_output(module.model)
-        if base_output is None or not hasattr(base_output, "last_hidden_state"):
+        name = base_model_name(module)
+        base_output = context.captured_output(module._modules[name])
+        if not dataclasses.is_dataclass(base_output) or not hasattr(base_output, "last_hidden_state"):
             raise probe.Mismatch("the base model's output has no last_hidden_state")
         head = module.lm_head
         vocab = head.weight.shape[0]
@@ -184,14 +206,19 @@ class LMHeadLossRule(Rule):
         labels = torch.randint(0, vocab, (2, 5), generator=generator)
         labels[0, :2] = -100
         options = dict(fused_cls._fused_ops_options)
-        router_logits, extras = (), [{}, {"num_items_in_batch": 7}]
+        # Every argument beyond the core ones, once with a marker value: the base model must be handed it
+        # as the stock forward hands it.
+        markers = {p.name: torch.full((1,), 0.25 + number, dtype=torch.float64)
+                   for number, p in enumerate(_signature_parameters(module))
+                   if p.name not in _CORE and p.kind is not inspect.Parameter.VAR_KEYWORD}
+        router_logits, extras = (), [{}, {"num_items_in_batch": 7}] + ([markers] if markers else [])
         if options["router_loss"]:
             router_logits = [torch.randn(10, module.num_experts, generator=generator, dtype=torch.float64)
                              .to(head.weight.device, head.weight.dtype) for _ in range(2)]
             extras += [{"output_router_logits": True}, {"output_router_logits": True, "num_items_in_batch": 7}]
-        stub = _HiddenStates(hidden.to(head.weight.device, head.weight.dtype), type(base_output), router_logits)
-        base = module._modules["model"]
-        module._modules["model"], module._modules["lm_head"] = stub, narrow_head
+        base = module._modules[name]
+        stub = _HiddenStates(base, hidden.to(head.weight.device, head.weight.dtype), type(base_output), router_logits)
+        module._modules[name], module._modules["lm_head"] = stub, narrow_head
         try:
             for extra in extras:
                 def make(dtype, device, extra=extra):
@@ -199,13 +226,22 @@ class LMHeadLossRule(Rule):
                     return (), dict(input_ids=ids, labels=labels.to(device), use_cache=False, **extra)
                 probe.verify(module, fused_cls, probe.Inputs(make, None), select=_all_but_logits)
         finally:
-            module._modules["model"], module._modules["lm_head"] = base, head
+            module._modules[name], module._modules["lm_head"] = base, head
+
+
+def base_model_name(module):
+    """Where a causal LM keeps its base model: `.model`, or its class's `base_model_prefix` (GPT-2's
+    `transformer`, GPT-NeoX's `gpt_neox`); None where neither is a submodule."""
+    for name in ("model", getattr(module, "base_model_prefix", None)):
+        if isinstance(name, str) and isinstance(module._modules.get(name), torch.nn.Module):
+            return name
+    return None
 
 
 def _has_router_loss(module):
     """A MoE causal LM whose forward adds `load_balancing_loss_func(router_logits, num_experts,
     num_experts_per_tok, attention_mask)` scaled by `router_aux_loss_coef` (the probe proves it)."""
-    return (_parameters(module) == _MOE_PARAMETERS
+    return ("output_router_logits" in _parameters(module)
             and callable(innermost(type(module).forward).__globals__.get("load_balancing_loss_func"))
             and all(isinstance(getattr(module, name, None), (int, float))
                     for name in ("num_experts", "num_experts_per_tok", "router_aux_loss_coef")))
@@ -219,8 +255,12 @@ def _all_but_logits(output):
     return {key: value for key, value in output.items() if key != "logits"}
 
 
-def _parameters(module):
+def _signature_parameters(module):
     try:
-        return list(inspect.signature(innermost(type(module).forward)).parameters)
+        return list(inspect.signature(innermost(type(module).forward)).parameters.values())
     except (TypeError, ValueError):
         return []
+
+
+def _parameters(module):
+    return [p.name for p in _signature_parameters(module)]

@@ -1,7 +1,8 @@
 """Norms over the last dim: RMSNorm and LayerNorm, torch's and every family's own class, with the weight
 as it is or offset by one (Gemma's `1 + weight` RMSNorm, Nemotron's LayerNorm1P), or with no parameters at
-all (OLMo's LayerNorm): the probe proves which, and the epsilon where a weightless norm keeps it in its
-forward's code instead of an attribute."""
+all (OLMo's LayerNorm, Gemma 4's value norm): the probe proves which, and the epsilon where a weightless
+norm keeps it in its forward's code instead of an attribute. A weightless norm with no size attribute is
+probed at the width of its call in the model's probe forward."""
 import torch
 
 from ... import _ops
@@ -45,9 +46,20 @@ def _weightless_size(module):
     return None
 
 
+def _captured_width(module, context):
+    """The last dim of the tensor a weightless norm was called on in the model's probe forward."""
+    inputs = context.captured_inputs(module)
+    args, kwargs = inputs.make(None, torch.device("cpu"))
+    first = args[0] if args else next(iter(kwargs.values()), None)
+    if not torch.is_tensor(first) or first.dim() == 0:
+        raise LeftAlone("its probe call's input is not a tensor")
+    return first.shape[-1]
+
+
 class NormRule(Rule):
     kind = "norm"
     description = "norm over the last dim -> rms_norm / layer_norm"
+    needs_capture = True  # only a weightless norm with no size attribute uses its captured call
 
     def candidates(self, model):
         for name, module in model.named_modules():
@@ -57,7 +69,7 @@ class NormRule(Rule):
                 continue
             weight = getattr(module, "weight", None)
             parameters = dict(module.named_parameters())
-            if not parameters and weight is None and _weightless_size(module) is not None:
+            if not parameters and weight is None:
                 yield name, module
             elif isinstance(weight, torch.nn.Parameter) and weight.dim() == 1 and not set(parameters) - {"weight", "bias"}:
                 yield name, module
@@ -79,6 +91,8 @@ class NormRule(Rule):
 
     def inputs(self, module, context):
         size = module.weight.shape[0] if getattr(module, "weight", None) is not None else _weightless_size(module)
+        if size is None:
+            size = _captured_width(module, context)
 
         def make(dtype, device):
             # Rows at scales down to the epsilon's, each off zero mean: a wrong epsilon, a missing mean

@@ -29,11 +29,19 @@ def _rotate(q, k, cos, sin, unsqueeze_dim, layout):
     return _ops.rotary_embedding(q, k, cos, sin, unsqueeze_dim, interleaved=layout.startswith("interleaved"))
 
 
-# The two signatures transformers' apply_rotary_pos_emb has; the replacement keeps the one it replaces,
-# so positional arguments mean what they meant.
+def _rotate_one(x, cos, sin, unsqueeze_dim, layout):
+    """One tensor's rotation (Gemma 3n and 4 rotate queries and keys in separate calls): the op's keys
+    are a detached view of no heads, so nothing is computed or differentiated for them."""
+    no_heads = x.detach().narrow(unsqueeze_dim % 4, 0, 0)
+    return _rotate(x, no_heads, cos, sin, unsqueeze_dim, layout)[0]
+
+
+# The signatures transformers' apply_rotary_pos_emb has; the replacement keeps the one it replaces, so
+# positional arguments mean what they meant.
 _SIGNATURES = {
     ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"): "with_position_ids",
     ("q", "k", "cos", "sin", "unsqueeze_dim"): "without_position_ids",
+    ("x", "cos", "sin", "unsqueeze_dim"): "one_tensor",
 }
 
 
@@ -41,6 +49,9 @@ def _replacement(layout, signature):
     if signature == "with_position_ids":
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
+    elif signature == "one_tensor":
+        def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
+            return _rotate_one(x, cos, sin, unsqueeze_dim, layout)
     else:
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
@@ -82,7 +93,7 @@ class RotaryRule(Rule):
         signature = _signature(function)
         if signature is None:
             raise LeftAlone("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin[, position_ids], "
-                            "unsqueeze_dim)")
+                            "unsqueeze_dim) or (x, cos, sin, unsqueeze_dim)")
         if with_global(type(module).forward, "apply_rotary_pos_emb", None) is None:
             raise LeftAlone("its forward's decorators do not hold the function they wrap")
         return [(("layout", layout), ("signature", signature)) for layout in LAYOUTS]

@@ -1,0 +1,153 @@
+"""fuse() where a family's forwards take more than the Llama shape's arguments: the head + loss takes the stock
+forward's own arguments (by name or by position) and hands the base model what the stock forward hands it, or
+is left alone; scales around the head are proven, not assumed; the probe forward leaves no state behind."""
+import copy
+
+import pytest
+import torch
+
+import fused_ops
+
+transformers = pytest.importorskip("transformers")
+import hf_families  # noqa: E402
+from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
+
+
+def head_entry(model):
+    (entry,) = [e for e in model.fused_ops_report.entries if e.kind == "lm_head_loss"]
+    return entry
+
+
+def assert_same_step(stock, fused, *args, **kwargs):
+    """The same loss and every gradient, the fused head + loss having run as linear_cross_entropy."""
+    outputs = []
+    for model in (stock, fused):
+        model.zero_grad(set_to_none=True)
+        output = model(*args, **kwargs)
+        output.loss.backward()
+        outputs.append(output)
+    want, got = outputs
+    assert got.logits is None
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    for (name, ours), theirs in zip(fused.named_parameters(), stock.parameters(), strict=True):
+        if theirs.grad is None:
+            assert ours.grad is None, name
+        else:
+            largest = theirs.grad.abs().max().item()
+            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5 * max(largest, 1.0), msg=name)
+    calls = hf_families.fused_op_calls(lambda: fused(*args, **kwargs))
+    assert calls.get("linear_cross_entropy_with_gradients") == 1, calls
+
+
+def test_gemma4_head_takes_per_layer_inputs_and_positional_arguments():
+    """Gemma 4's causal LM takes `per_layer_inputs` beyond the Llama shape's arguments: given with the
+    embeddings or left to the base model, and with the arguments given by position, the stock loss and
+    gradients."""
+    stock = hf_families.build("gemma4_text")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    assert head_entry(fused).swapped, fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    labels = ids.masked_fill(torch.arange(ids.shape[1]) < 3, -100)
+    assert_same_step(stock, fused, input_ids=ids, labels=labels)
+    with torch.no_grad():  # embeddings given in place of the ids, with their per-layer inputs
+        embeddings = stock.get_input_embeddings()(ids)
+        per_layer_inputs = stock.model.get_per_layer_inputs(ids, None) * 1.5
+    assert_same_step(stock, fused, inputs_embeds=embeddings, labels=labels, per_layer_inputs=per_layer_inputs)
+    assert_same_step(stock, fused, ids, None, None, None, None, labels)
+
+
+def test_gemma4_image_text_model_hands_its_base_model_the_labels():
+    stock = hf_families.build("gemma4")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    entry = head_entry(fused)
+    assert entry.swapped and "labels_to_base=True" in entry.detail, fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    assert_same_step(stock, fused, input_ids=ids, labels=ids)
+
+
+class _TemperatureHead(transformers.LlamaForCausalLM):
+    """A causal LM whose forward takes an argument of its own and divides the logits by it."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, temperature=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        if temperature is not None:
+            logits = logits / temperature
+        loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs) if labels is not None else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+
+class _DroppedArgumentHead(transformers.LlamaForCausalLM):
+    """A causal LM whose forward takes an argument it keeps from its base model."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, note=None, **kwargs):
+        outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                             **kwargs)
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = self.loss_function(logits, labels, self.config.vocab_size, **kwargs) if labels is not None else None
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+
+
+@pytest.mark.parametrize("model_class", [_TemperatureHead, _DroppedArgumentHead])
+def test_head_whose_own_arguments_do_more_than_reach_the_base_model_is_left_alone(model_class):
+    """An argument the Llama shape does not have, used by the head's forward itself or kept from the
+    base model: the probe gives it a marker value and the fused forward, which hands it on, is not proven."""
+    torch.manual_seed(0)
+    stock = model_class(hf_families.tiny_config("llama"))
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    entry = head_entry(fused)
+    assert not entry.swapped and entry.detail.startswith("not proven"), fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    temperature = torch.tensor(0.5)
+    extra = {"temperature": temperature} if model_class is _TemperatureHead else {"note": "kept"}
+    want, got = stock(input_ids=ids, labels=ids, **extra), fused(input_ids=ids, labels=ids, **extra)
+    torch.testing.assert_close(got.loss, want.loss)
+
+
+def test_falcon_h1_head_multiplier_is_a_proven_scale():
+    """Falcon-H1 multiplies the logits by its base model's `lm_head_multiplier`: the fused loss takes it
+    on the rows, as the probe proves against the multiplier the base model really has."""
+    config = hf_families.tiny_config("falcon_h1")
+    config.lm_head_multiplier = 0.375
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(config)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    entry = head_entry(fused)
+    assert entry.swapped and "logit_scale=0.375" in entry.detail, fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    assert_same_step(stock, fused, input_ids=ids, labels=ids)
+
+
+@pytest.mark.parametrize("model_type", ["granitemoe", "granitemoehybrid"])
+def test_granite_moe_head_hands_its_base_model_what_the_stock_one_does(model_type):
+    """Granite's MoE models scale the logits and do not hand the base model `output_router_logits` (their
+    base models read it from the config): the fused head hands it nothing more, with the stock loss."""
+    config = hf_families.tiny_config(model_type)
+    config.logits_scaling = 4.0
+    torch.manual_seed(0)
+    stock = transformers.AutoModelForCausalLM.from_config(config)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    entry = head_entry(fused)
+    assert entry.swapped and "router_to_base=False" in entry.detail and "logit_scale=0.25" in entry.detail, (
+        fused.fused_ops_report)
+    ids = hf_families.batch(stock)
+    assert_same_step(stock, fused, input_ids=ids, labels=ids)
+    assert fused(input_ids=ids, labels=ids).aux_loss is None
+
+
+def test_the_probe_forward_leaves_the_model_as_it_was():
+    """BigBird switches its block-sparse attention to full attention, for good, when called on a short
+    sequence: fuse()'s probe forward must not leave the model switched."""
+    stock = hf_families.build("big_bird")
+    layers = stock.bert.encoder.layer
+    attentions = [layer.attention.self for layer in layers]
+    assert stock.bert.attention_type == "block_sparse"
+    fused_ops.fuse(stock)
+    assert stock.bert.attention_type == stock.config.attention_type == "block_sparse"
+    assert all(layer.attention.self is attention for layer, attention in zip(layers, attentions))
+    assert all(layer.attention.attention_type == "block_sparse" for layer in layers)
