@@ -1,5 +1,5 @@
-"""Writes docs/models.md: what fuse() swaps and leaves alone in a tiny model of every causal-LM family
-transformers ships (the same models the family test checks), and why.
+"""Writes docs/models.md: what fuse() swaps and leaves alone in a tiny model of every causal-LM and
+image-text family transformers ships (the same models the family test checks), and why.
 
     python scripts/models_table.py [--out docs/models.md] [--families llama qwen3 ...]
 """
@@ -20,9 +20,10 @@ KINDS = ["norm", "gated_mlp", "experts_gate", "bias_gelu", "rotary", "residual_n
 
 HEADER = """# Models
 
-What `fused_ops.fuse(model)` does to a tiny random-init model of every causal-LM family in transformers
-{version}: how many modules of each kind it swapped, out of the candidates it found (`swapped/found`),
-and why it left the others alone. Every family here, fused or not, gives the stock model's loss and
+What `fused_ops.fuse(model)` does to a tiny random-init model of every causal-LM and image-text family in
+transformers {version} (image-text models trained on text, their vision towers built small): how many
+modules of each kind it swapped, out of the candidates it found (`swapped/found`), and why it left the
+others alone. Every family here, fused or not, gives the stock model's loss and
 gradients in the family test (`tests/test_fuse_families.py`). A candidate is swapped only where the
 probe proves the fused forward computes what the module computes; "not proven" lines say what differed.
 Drawn by `python scripts/models_table.py` from the same models the test builds.
@@ -49,7 +50,8 @@ def main():
     import transformers
     torch.set_num_threads(1)
     rows, left_alone, not_built = [], collections.defaultdict(set), []
-    for model_type in arguments.families or hf_families.causal_lm_model_types():
+    families = hf_families.causal_lm_model_types() + hf_families.image_text_model_types()
+    for model_type in arguments.families or families:
         report, reason = family_row(model_type)
         if report is None:
             not_built.append((model_type, reason))

@@ -23,6 +23,12 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             # per-layer token embeddings (Gemma 3n, Gemma 4)
             hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)
 MAX_PARAMETERS = 8_000_000
+# An image-text model's vision tower, under its families' names.
+TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+                   patch_size=8, embed_dim=32, depth=1, num_heads=2, out_hidden_size=64, num_key_value_heads=2,
+                   head_dim=16)
+# The top ids of the vocabulary, which a batch does not draw: the image and video placeholders'.
+RESERVED_IDS = 8
 # Families whose tiny model takes a minute a forward on the CPU (Python loops of linear attention):
 # tested with the slow tests.
 SLOW = {"kimi_linear"}
@@ -56,6 +62,18 @@ def causal_lm_model_types():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
     del transformers
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def image_text_model_types():
+    """The image-text models (Qwen-VL, LLaVA, PaliGemma, ...) that are not also causal LMs: trained on text
+    alone here, their vision towers built small."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+    return sorted(set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) - set(causal_lm_model_types()))
+
+
+def _model_class(model_type):
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    return AutoModelForCausalLM if model_type in causal_lm_model_types() else AutoModelForImageTextToText
 
 
 def _has(config, name):
@@ -98,35 +116,59 @@ def tiny_config(model_type):
             if isinstance(value, dict):  # a sub-config's sizes (a multimodal model's vision tower)
                 for sub_name, sub_value in value.items() if _has(target, name) else ():
                     setattr(getattr(target, name), sub_name, sub_value)
-            elif _has(target, name):
-                try:
-                    current = getattr(target, name, None)
-                    if isinstance(current, list) and isinstance(value, int):  # a size per layer
-                        value = [value] * len(current)
-                    setattr(target, name, value)
-                except Exception:  # a read-only property of that family's config
-                    pass
-        vocab = getattr(target, "vocab_size", None)
+            else:
+                _set_size(target, name, value)
+        vocab = getattr(text_config, "vocab_size", None)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(target, name, None)
             if isinstance(vocab, int) and isinstance(value, int) and value >= vocab:
                 setattr(target, name, vocab - 1)
+        # Image, video and audio placeholder tokens: distinct ids above those a batch draws.
+        placeholders = [name for name in vars(target) if name.endswith(("_token_id", "_token_index"))
+                        and name not in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id")]
+        for number, name in enumerate(sorted(placeholders)):
+            value = getattr(target, name, None)
+            if isinstance(vocab, int) and isinstance(value, int) and value >= vocab - RESERVED_IDS:
+                setattr(target, name, vocab - 2 - number % (RESERVED_IDS - 2))
+        rope = getattr(target, "rope_parameters", None)
+        if isinstance(rope, dict) and "mrope_section" in getattr(type(target), "ignore_keys_at_rope_validation", ()):
+            # multimodal rotary: the rotated half of a tiny head, split in three
+            half = int(TINY["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
+            rope["mrope_section"] = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    vision = getattr(config, "vision_config", None)
+    if vision is not None and not isinstance(vision, dict) and "vision_config" not in OVERRIDES.get(model_type, {}):
+        for name, value in TINY_VISION.items():
+            _set_size(vision, name, value)
     return config
+
+
+def _set_size(config, name, value):
+    """Sets `config.name` to a tiny `value` where the config has it: per layer or per axis where it holds
+    a list."""
+    if not _has(config, name):
+        return
+    try:
+        current = getattr(config, name, None)
+        if isinstance(current, (list, tuple)) and isinstance(value, int):
+            value = type(current)([value] * len(current))
+        setattr(config, name, value)
+    except Exception:  # a read-only property of that family's config
+        pass
 
 
 def build(model_type, seed=0):
     """A tiny float32 model of `model_type` on the CPU, in train mode, its norm weights drawn away from
     ones (a weight that is not applied would hide behind ones)."""
-    from transformers import AutoModelForCausalLM
+    model_class = _model_class(model_type)
     config = tiny_config(model_type)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.device("meta"):  # sub-configs this does not shrink can leave a model far from tiny
-            size = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+            size = sum(p.numel() for p in model_class.from_config(config).parameters())
         if size > MAX_PARAMETERS:
             raise ValueError(f"its tiny config still has {size} parameters")
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config)
+        model = model_class.from_config(config)
     with torch.no_grad():
         generator = torch.Generator().manual_seed(seed)
         for name, parameter in model.named_parameters():
@@ -152,6 +194,8 @@ def why_not_testable(model_type):
 
 def batch(model, seed=1):
     vocab = model.config.get_text_config().vocab_size
+    if getattr(model.config, "vision_config", None) is not None:
+        vocab -= RESERVED_IDS
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (2, 10), generator=generator)
 
@@ -160,7 +204,8 @@ def batch(model, seed=1):
 FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "granite", "glm4", "olmo2", "olmo3",
                "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
-               "granitemoe", "granitemoeshared"]
+               "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
+               "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
@@ -211,18 +256,22 @@ def stock_part_calls(model, function):
             def hook(*_, part=part):
                 calls[part] += 1
             handles.append(module.register_forward_hook(hook))
-    modeling = sys.modules[type(model).__module__]
-    stock_rotary = getattr(modeling, "apply_rotary_pos_emb", None)
+    # Each modeling module of the model's classes (an image-text model's language model has its own).
+    modelings = {sys.modules[type(module).__module__] for module in model.modules()}
+    stock_rotaries = {modeling: modeling.apply_rotary_pos_emb for modeling in modelings
+                      if callable(getattr(modeling, "apply_rotary_pos_emb", None))}
 
-    def counted_rotary(*args, **kwargs):
-        calls["rotary"] += 1
-        return stock_rotary(*args, **kwargs)
-    if stock_rotary is not None:
-        modeling.apply_rotary_pos_emb = counted_rotary
+    def counted(stock_rotary):
+        def counted_rotary(*args, **kwargs):
+            calls["rotary"] += 1
+            return stock_rotary(*args, **kwargs)
+        return counted_rotary
+    for modeling, stock_rotary in stock_rotaries.items():
+        modeling.apply_rotary_pos_emb = counted(stock_rotary)
     try:
         function()
     finally:
-        if stock_rotary is not None:
+        for modeling, stock_rotary in stock_rotaries.items():
             modeling.apply_rotary_pos_emb = stock_rotary
         for handle in handles:
             handle.remove()

@@ -151,3 +151,18 @@ def test_the_probe_forward_leaves_the_model_as_it_was():
     assert stock.bert.attention_type == stock.config.attention_type == "block_sparse"
     assert all(layer.attention.self is attention for layer, attention in zip(layers, attentions))
     assert all(layer.attention.attention_type == "block_sparse" for layer in layers)
+
+
+def test_head_keeps_the_stock_decorators():
+    """The fused forward runs inside the stock forward's decorators: return_dict=False gives the stock
+    tuple (loss first), and Mistral 3's config defaults (vision_feature_layer) reach its base model."""
+    stock = hf_families.build("llama")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    ids = hf_families.batch(stock)
+    want, got = stock(input_ids=ids, labels=ids, return_dict=False), fused(input_ids=ids, labels=ids, return_dict=False)
+    assert isinstance(got, tuple) and isinstance(want, tuple)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+    stock = hf_families.build("mistral3")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    assert head_entry(fused).swapped, fused.fused_ops_report
+    assert_same_step(stock, fused, input_ids=ids, labels=ids)

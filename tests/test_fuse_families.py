@@ -1,4 +1,4 @@
-"""fuse() on every causal-LM family transformers ships that builds from a tiny config, fused or not:
+"""fuse() on every causal-LM and image-text family transformers ships that builds from a tiny config, fused or not:
 the stock loss and every gradient in training, the stock logits and hidden states in eval mode, the same Parameter
 objects and state-dict keys, and a model that pickles and deep-copies. The test of "never wrong" is the families nobody wrote a rule for."""
 import copy
@@ -23,7 +23,7 @@ def one_thread():
     yield
     torch.set_num_threads(threads)
 
-MODEL_TYPES = hf_families.causal_lm_model_types()
+MODEL_TYPES = hf_families.causal_lm_model_types() + hf_families.image_text_model_types()
 PARAMETERS = [pytest.param(t, marks=pytest.mark.slow) if t in hf_families.SLOW else t for t in MODEL_TYPES]
 
 
@@ -94,8 +94,9 @@ def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type)
     # recording hooks are local functions: neither model pickles after this.)
     with torch.no_grad():
         want, got = (model(input_ids=ids, output_hidden_states=True) for model in (stock, fused))
-    assert (got.hidden_states is None) == (want.hidden_states is None)
-    for layer, (got_hidden, want_hidden) in enumerate(zip(got.hidden_states or (), want.hidden_states or ())):
+    got_states, want_states = (getattr(output, "hidden_states", None) for output in (got, want))  # seq2seq: none
+    assert (got_states is None) == (want_states is None)
+    for layer, (got_hidden, want_hidden) in enumerate(zip(got_states or (), want_states or ())):
         assert_close_relative(got_hidden, want_hidden, 1e-4, f"{model_type} hidden states {layer}")
 
 

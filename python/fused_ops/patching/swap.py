@@ -94,34 +94,45 @@ def innermost(function):
     return function
 
 
+def rewrapped(function, replace_innermost):
+    """A copy of each decorator's wrapper around `function`, wrapping `replace_innermost(the innermost
+    function)` instead (None where that gives None or a wrapper does not hold the function it wraps in its
+    closure): the stock forward's decorators (transformers' output and config-default handling) around a
+    forward of our own."""
+    inner = getattr(function, "__wrapped__", None)
+    if inner is None:
+        return replace_innermost(function)
+    copied_inner = rewrapped(inner, replace_innermost)
+    cells = function.__closure__ or ()
+
+    def holds_inner(cell):
+        try:
+            return cell.cell_contents is inner
+        except ValueError:  # an empty cell
+            return False
+    if copied_inner is None or not any(holds_inner(cell) for cell in cells):
+        return None
+    closure = tuple(types.CellType(copied_inner) if holds_inner(cell) else cell for cell in cells)
+    copied = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
+                                closure)
+    copied.__kwdefaults__ = function.__kwdefaults__
+    copied.__dict__.update(function.__dict__)
+    copied.__wrapped__ = copied_inner
+    return copied
+
+
 def with_global(function, name, value):
     """A copy of `function`, and of each decorator's wrapper around it, whose global `name` is `value`
     (None where a wrapper does not hold the function it wraps in its closure)."""
-    inner = getattr(function, "__wrapped__", None)
-    if inner is None:
-        if not hasattr(function, "__code__"):
+    def copy_with_global(inner):
+        if not hasattr(inner, "__code__"):
             return None
-        copied = types.FunctionType(function.__code__, _module_globals_with(function.__globals__, name, value),
-                                    function.__name__, function.__defaults__, function.__closure__)
-    else:
-        copied_inner = with_global(inner, name, value)
-        cells = function.__closure__ or ()
-
-        def holds_inner(cell):
-            try:
-                return cell.cell_contents is inner
-            except ValueError:  # an empty cell
-                return False
-        if copied_inner is None or not any(holds_inner(cell) for cell in cells):
-            return None
-        closure = tuple(types.CellType(copied_inner) if holds_inner(cell) else cell for cell in cells)
-        copied = types.FunctionType(function.__code__, function.__globals__, function.__name__, function.__defaults__,
-                                    closure)
-    copied.__kwdefaults__ = function.__kwdefaults__
-    copied.__dict__.update(function.__dict__)
-    if inner is not None:
-        copied.__wrapped__ = copied_inner
-    return copied
+        copied = types.FunctionType(inner.__code__, _module_globals_with(inner.__globals__, name, value),
+                                    inner.__name__, inner.__defaults__, inner.__closure__)
+        copied.__kwdefaults__ = inner.__kwdefaults__
+        copied.__dict__.update(inner.__dict__)
+        return copied
+    return rewrapped(function, copy_with_global)
 
 
 def is_plain_linear(module) -> bool:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ... import _ops
 from .. import probe
-from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear
+from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear, rewrapped
 from . import LeftAlone, Rule
 
 # The arguments the probe gives every candidate; any other named argument of a forward is handed to the
@@ -77,7 +77,7 @@ def _causal_lm_forward(base, options):
         training_with_labels = self.training and (labels is not None or shift_labels is not None)
         if (not training_with_labels or not is_plain_linear(self.lm_head)
                 or (router_logits_wanted and router_loss_function is None)):
-            return stock(self, *args, **kwargs)
+            return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)
         num_items_in_batch = extra.get("num_items_in_batch")  # the base model is handed it too, as by the stock one
         if options["router_to_base"]:
@@ -93,10 +93,12 @@ def _causal_lm_forward(base, options):
             loss = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
             passed["aux_loss"] = aux_loss
         return output_class(loss=loss, logits=None, **passed)
-    if stock is not innermost(stock):  # keep the return_dict=False handling of transformers' decorator
-        from transformers.utils.generic import can_return_tuple
-        forward = can_return_tuple(forward)
-    return forward
+    # Inside the stock forward's decorators, which turn return_dict=False into a tuple and fill arguments
+    # from the config (Mistral 3's vision_feature_layer) before the base model is handed them.
+    decorated = rewrapped(stock, lambda _: forward)
+    if decorated is None:
+        raise LeftAlone("its forward's decorators do not hold the function they wrap")
+    return decorated
 
 
 def _marker(key, value):
