@@ -118,7 +118,13 @@ def tiny_config(model_type):
                     setattr(getattr(target, name), sub_name, sub_value)
             else:
                 _set_size(target, name, value)
-        vocab = getattr(text_config, "vocab_size", None)
+        rope = getattr(target, "rope_parameters", None)
+        if isinstance(rope, dict) and "mrope_section" in getattr(type(target), "ignore_keys_at_rope_validation", ()):
+            # multimodal rotary: the rotated half of a tiny head, split in three
+            half = int(TINY["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
+            rope["mrope_section"] = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    vocab = getattr(text_config, "vocab_size", None)
+    for target in {id(config): config, id(text_config): text_config}.values():
         for name in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(target, name, None)
             if isinstance(vocab, int) and isinstance(value, int) and value >= vocab:
@@ -130,11 +136,6 @@ def tiny_config(model_type):
             value = getattr(target, name, None)
             if isinstance(vocab, int) and isinstance(value, int) and value >= vocab - RESERVED_IDS:
                 setattr(target, name, vocab - 2 - number % (RESERVED_IDS - 2))
-        rope = getattr(target, "rope_parameters", None)
-        if isinstance(rope, dict) and "mrope_section" in getattr(type(target), "ignore_keys_at_rope_validation", ()):
-            # multimodal rotary: the rotated half of a tiny head, split in three
-            half = int(TINY["head_dim"] * rope.get("partial_rotary_factor", 1.0)) // 2
-            rope["mrope_section"] = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
     vision = getattr(config, "vision_config", None)
     if vision is not None and not isinstance(vision, dict) and "vision_config" not in OVERRIDES.get(model_type, {}):
         for name, value in TINY_VISION.items():

@@ -166,3 +166,28 @@ def test_head_keeps_the_stock_decorators():
     fused = fused_ops.fuse(copy.deepcopy(stock))
     assert head_entry(fused).swapped, fused.fused_ops_report
     assert_same_step(stock, fused, input_ids=ids, labels=ids)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+def test_image_text_model_trains_on_an_image_with_its_vision_tower_fused(model_type):
+    """Qwen-VL models with an image (its patches, grid and placeholder tokens): the stock loss and every
+    gradient, the vision tower's included, with the vision tower's norms (and Qwen2.5-VL's gated MLPs)
+    run as fused ops beside the language model's."""
+    stock = hf_families.build(model_type)
+    config, vision = stock.config, stock.config.vision_config
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    generator = torch.Generator().manual_seed(0)
+    grid = torch.tensor([[1, 4, 4]])  # one frame of 4 x 4 patches, merged 2 x 2 into 4 tokens
+    image_tokens = int(grid.prod()) // vision.spatial_merge_size ** 2
+    ids = torch.randint(0, 100, (1, 12), generator=generator)
+    ids[0, 2] = config.vision_start_token_id
+    ids[0, 3:3 + image_tokens] = config.image_token_id
+    patches = torch.randn(int(grid.prod()), vision.in_channels * vision.temporal_patch_size * vision.patch_size ** 2,
+                          generator=generator)
+    inputs = dict(input_ids=ids, pixel_values=patches, image_grid_thw=grid,
+                  mm_token_type_ids=(ids == config.image_token_id).long(),
+                  labels=ids.masked_fill(ids == config.image_token_id, -100))
+    assert_same_step(stock, fused, **inputs)
+    assert any(parameter.grad is not None for parameter in stock.model.visual.parameters())
+    vision_calls = hf_families.fused_op_calls(lambda: fused.model.visual(patches, grid_thw=grid))
+    assert sum(vision_calls.get(op, 0) for op in ("rms_norm", "layer_norm")) > 0, vision_calls
