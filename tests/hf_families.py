@@ -84,8 +84,10 @@ def _has(config, name):
 
 
 # Families whose tiny model keeps the first layer and the first of another kind (Gemma 4's sliding and
-# full attention layers differ in head size and rotary), not the first two.
-ONE_LAYER_OF_EACH_KIND = {"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text"}
+# full attention layers differ in head size and rotary; the hybrids' first two layers are linear
+# attention), not the first two.
+ONE_LAYER_OF_EACH_KIND = {"gemma4", "gemma4_text", "gemma4_unified", "gemma4_unified_text", "qwen3_next", "qwen3_5",
+                          "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "olmo_hybrid"}
 
 
 def _one_layer_of_each_kind(config, before):
@@ -206,7 +208,8 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
                "phi3", "gemma", "gemma2", "gemma3_text", "gemma3", "exaone4", "hunyuan_v1_dense", "nemotron", "mixtral",
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
                "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
-               "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3"]
+               "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3", "llama4_text", "llama4",
+               "deepseek_v2"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
@@ -259,21 +262,22 @@ def stock_part_calls(model, function):
             handles.append(module.register_forward_hook(hook))
     # Each modeling module of the model's classes (an image-text model's language model has its own).
     modelings = {sys.modules[type(module).__module__] for module in model.modules()}
-    stock_rotaries = {modeling: modeling.apply_rotary_pos_emb for modeling in modelings
-                      if callable(getattr(modeling, "apply_rotary_pos_emb", None))}
+    stock_rotaries = {(modeling, name): getattr(modeling, name) for modeling in modelings
+                      for name in ("apply_rotary_pos_emb", "apply_rotary_emb")
+                      if callable(getattr(modeling, name, None))}
 
     def counted(stock_rotary):
         def counted_rotary(*args, **kwargs):
             calls["rotary"] += 1
             return stock_rotary(*args, **kwargs)
         return counted_rotary
-    for modeling, stock_rotary in stock_rotaries.items():
-        modeling.apply_rotary_pos_emb = counted(stock_rotary)
+    for (modeling, name), stock_rotary in stock_rotaries.items():
+        setattr(modeling, name, counted(stock_rotary))
     try:
         function()
     finally:
-        for modeling, stock_rotary in stock_rotaries.items():
-            modeling.apply_rotary_pos_emb = stock_rotary
+        for (modeling, name), stock_rotary in stock_rotaries.items():
+            setattr(modeling, name, stock_rotary)
         for handle in handles:
             handle.remove()
     return calls

@@ -36,4 +36,10 @@ EXPECTED_FUSIONS = {
     "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": EXTRA_NORMS, "qwen3_vl_moe": MOE,
     "glm4v": EXTRA_NORMS, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
     "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN,
+    # Hybrids of linear and full attention: the full attention layers' parts (the linear attention's
+    # gated norm, norm(x) * silu(gate), stays).
+    "qwen3_next": MOE | {"gated_mlp"}, "qwen3_5": LLAMA_KIN, "qwen3_5_text": LLAMA_KIN,
+    "qwen3_5_moe": MOE | {"gated_mlp"}, "qwen3_5_moe_text": MOE | {"gated_mlp"},
+    # Rotation by complex factors (apply_rotary_emb); Llama 4's layers have no Llama-shaped residual norm.
+    "llama4_text": EXTRA_NORMS, "llama4": EXTRA_NORMS, "deepseek_v2": MOE | {"gated_mlp"},
 }

@@ -4,6 +4,7 @@ calls bound to the fused op. Which layout the tables and the rotation have is th
   interleaved               GPT-J's pairs (2i, 2i + 1), tables repeated per pair (Cohere)
   interleaved_half_table    GPT-J's pairs from tables whose first half is repeated per pair (GLM)
   rotate_half_half_table    Llama's pairs from tables of R/2 (gpt-oss)
+  complex_heads_*           GPT-J's pairs times complex factors (Llama 4's and DeepSeek-V2's apply_rotary_emb)
 Partial rotary (R below the head size, the rest passed through) is the op's own.
 """
 import inspect
@@ -36,13 +37,25 @@ def _rotate_one(x, cos, sin, unsqueeze_dim, layout):
     return _rotate(x, no_heads, cos, sin, unsqueeze_dim, layout)[0]
 
 
-# The signatures transformers' apply_rotary_pos_emb has; the replacement keeps the one it replaces, so
-# positional arguments mean what they meant.
+def _rotate_complex(xq, xk, freqs_cis, unsqueeze_dim):
+    """Llama 4's and DeepSeek-V2's rotation, pairs (2i, 2i + 1) times complex factors [B, S, D/2]: the
+    interleaved rotation with the factors' real and imaginary parts as cos and sin, in float32 for 16-bit
+    heads as their forwards compute it."""
+    table_dtype = torch.float32 if xq.dtype in (torch.float16, torch.bfloat16) else xq.dtype
+    cos = freqs_cis.real.repeat_interleave(2, dim=-1).to(xq.device, table_dtype)
+    sin = freqs_cis.imag.repeat_interleave(2, dim=-1).to(xq.device, table_dtype)
+    return _ops.rotary_embedding(xq, xk, cos, sin, unsqueeze_dim, interleaved=True)
+
+
+# The signatures transformers' rotary functions have (by the global name each is called by); the
+# replacement keeps the one it replaces, so positional arguments mean what they meant.
 _SIGNATURES = {
     ("q", "k", "cos", "sin", "position_ids", "unsqueeze_dim"): "with_position_ids",
     ("q", "k", "cos", "sin", "unsqueeze_dim"): "without_position_ids",
     ("x", "cos", "sin", "unsqueeze_dim"): "one_tensor",
+    ("xq", "xk", "freqs_cis"): "complex_factors",
 }
+_FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_emb")
 
 
 def _replacement(layout, signature):
@@ -52,6 +65,11 @@ def _replacement(layout, signature):
     elif signature == "one_tensor":
         def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
             return _rotate_one(x, cos, sin, unsqueeze_dim, layout)
+    elif signature == "complex_factors":
+        heads_dim = 1 if layout == "complex_heads_second" else 2
+
+        def apply_rotary_pos_emb(xq, xk, freqs_cis):
+            return _rotate_complex(xq, xk, freqs_cis, heads_dim)
     else:
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
@@ -59,11 +77,13 @@ def _replacement(layout, signature):
 
 
 LAYOUTS = ("rotate_half", "interleaved", "interleaved_half_table", "rotate_half_half_table")
+# Complex factors broadcast over the heads in dim 1 (DeepSeek-V2: [B, H, S, D]) or dim 2 (Llama 4).
+COMPLEX_LAYOUTS = ("complex_heads_second", "complex_heads_third")
 
 
 @forward_builder("rotary")
 def _rotary_forward(base, options):
-    return with_global(base.forward, "apply_rotary_pos_emb", _replacement(options["layout"], options["signature"]))
+    return with_global(base.forward, options["function"], _replacement(options["layout"], options["signature"]))
 
 
 def _signature(function):
@@ -74,6 +94,12 @@ def _signature(function):
     return _SIGNATURES.get(tuple(p.name for p in parameters))
 
 
+def _called_function(module):
+    """The rotary function's global name that the module's forward calls."""
+    code = getattr(innermost(type(module).forward), "__code__", None)
+    return next((name for name in _FUNCTION_NAMES if code is not None and name in code.co_names), None)
+
+
 class RotaryRule(Rule):
     kind = "rotary"
     description = "rotary embedding in the attention -> rotary_embedding"
@@ -81,22 +107,22 @@ class RotaryRule(Rule):
 
     def candidates(self, model):
         for name, module in model.named_modules():
-            forward = innermost(type(module).forward)
-            code = getattr(forward, "__code__", None)
-            if code is not None and "apply_rotary_pos_emb" in code.co_names:
+            if _called_function(module) is not None:
                 yield name, module
 
     def variants(self, module, context):
-        function = innermost(type(module).forward).__globals__.get("apply_rotary_pos_emb")
+        name = _called_function(module)
+        function = innermost(type(module).forward).__globals__.get(name)
         if not callable(function):
-            raise LeftAlone("apply_rotary_pos_emb is not a global function of its forward's module")
+            raise LeftAlone(f"{name} is not a global function of its forward's module")
         signature = _signature(function)
         if signature is None:
-            raise LeftAlone("apply_rotary_pos_emb takes other arguments than (q, k, cos, sin[, position_ids], "
-                            "unsqueeze_dim) or (x, cos, sin, unsqueeze_dim)")
-        if with_global(type(module).forward, "apply_rotary_pos_emb", None) is None:
+            raise LeftAlone(f"{name} takes other arguments than (q, k, cos, sin[, position_ids], unsqueeze_dim), "
+                            "(x, cos, sin, unsqueeze_dim) or (xq, xk, freqs_cis)")
+        if with_global(type(module).forward, name, None) is None:
             raise LeftAlone("its forward's decorators do not hold the function they wrap")
-        return [(("layout", layout), ("signature", signature)) for layout in LAYOUTS]
+        layouts = COMPLEX_LAYOUTS if signature == "complex_factors" else LAYOUTS
+        return [(("function", name), ("layout", layout), ("signature", signature)) for layout in layouts]
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
