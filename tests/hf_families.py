@@ -52,6 +52,8 @@ OVERRIDES = {
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "gemma3n_text": dict(layer_types=["sliding_attention", "full_attention"], num_kv_shared_layers=0),
     "rwkv": dict(attention_hidden_size=64),
+    # Qwen2-VL's vision hidden_size is the width its merger hands the language model.
+    "qwen2_vl": dict(vision_config=dict(embed_dim=32, depth=1, num_heads=2, hidden_size=64, patch_size=8)),
     "gemma3": dict(mm_tokens_per_image=4, vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                             num_attention_heads=2, image_size=32, patch_size=8)),
 }

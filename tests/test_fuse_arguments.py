@@ -168,7 +168,7 @@ def test_head_keeps_the_stock_decorators():
     assert_same_step(stock, fused, input_ids=ids, labels=ids)
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
+@pytest.mark.parametrize("model_type", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])
 def test_image_text_model_trains_on_an_image_with_its_vision_tower_fused(model_type):
     """Qwen-VL models with an image (its patches, grid and placeholder tokens): the stock loss and every
     gradient, the vision tower's included, with the vision tower's norms (and Qwen2.5-VL's gated MLPs)
