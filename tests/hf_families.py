@@ -73,7 +73,7 @@ def image_text_model_types():
     return sorted(set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) - set(causal_lm_model_types()))
 
 
-def _model_class(model_type):
+def model_class_of(model_type):
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     return AutoModelForCausalLM if model_type in causal_lm_model_types() else AutoModelForImageTextToText
 
@@ -164,7 +164,7 @@ def _set_size(config, name, value):
 def build(model_type, seed=0):
     """A tiny float32 model of `model_type` on the CPU, in train mode, its norm weights drawn away from
     ones (a weight that is not applied would hide behind ones)."""
-    model_class = _model_class(model_type)
+    model_class = model_class_of(model_type)
     config = tiny_config(model_type)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

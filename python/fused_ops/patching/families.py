@@ -33,8 +33,8 @@ EXPECTED_FUSIONS = {
     "gpt2": frozenset({"norm", "bias_gelu", "lm_head_loss", "causal_mask"}),
     "gpt_neox": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
     # Image-text models: their language model's parts, and their vision tower's norms.
-    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": EXTRA_NORMS, "qwen3_vl_moe": MOE,
-    "glm4v": EXTRA_NORMS, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
+    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
+    "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
     "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN,
     # Hybrids of linear and full attention: the full attention layers' parts (the linear attention's
     # gated norm, norm(x) * silu(gate), stays).

@@ -7,8 +7,8 @@ layer is one of these shapes (the norm after the first add is `add_norm`):
   phi3       Phi-3's: the Llama layer with a dropout on the attention's and the MLP's outputs before
              each add (in their places: the same random numbers in the same order)
 The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is; the layer's
-forward takes Llama's arguments or Gemma's. The probe proves the variant, and that the layer computes
-what its own forward does."""
+forward takes Llama's arguments, Gemma's or Qwen3-VL's. The probe proves the variant, and that the layer
+computes what its own forward does."""
 import inspect
 
 import torch
@@ -26,12 +26,14 @@ _LAYERS = {
 }
 _CHILDREN = {layer: {"input_layernorm", "self_attn", "mlp"} | {name for name in names if name}
              for layer, names in _LAYERS.items()}
-# The arguments of the stock layer's forward, all passed on to the attention.
+# The arguments of the stock layer's forward, all but the hidden states passed on to the attention.
 _SIGNATURES = {
     "llama": ["self", "hidden_states", "attention_mask", "position_ids", "past_key_values", "use_cache",
               "position_embeddings", "kwargs"],
     "gemma": ["self", "hidden_states", "position_embeddings", "attention_mask", "position_ids", "past_key_values",
               "kwargs"],
+    "gemma_with_cache": ["self", "hidden_states", "position_embeddings", "attention_mask", "position_ids",
+                         "past_key_values", "use_cache", "kwargs"],  # Qwen3-VL's, GLM-4V's
 }
 
 
@@ -71,18 +73,18 @@ def _decoder_layer_forward(base, options):
             hidden_states = getattr(self, post_mlp)(hidden_states)
         return residual + hidden_states
 
-    if options["signature"] == "llama":
-        def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None,
-                    use_cache=False, position_embeddings=None, **kwargs):
-            return layer(self, hidden_states, dict(attention_mask=attention_mask, position_ids=position_ids,
-                                                   past_key_values=past_key_values, use_cache=use_cache,
-                                                   position_embeddings=position_embeddings, **kwargs))
-    else:
-        def forward(self, hidden_states, position_embeddings=None, attention_mask=None, position_ids=None,
-                    past_key_values=None, **kwargs):
-            return layer(self, hidden_states, dict(position_embeddings=position_embeddings,
-                                                   attention_mask=attention_mask, position_ids=position_ids,
-                                                   past_key_values=past_key_values, **kwargs))
+    signature = inspect.signature(innermost(stock))
+
+    def forward(self, *args, **kwargs):
+        # Bound to the stock layer's own signature (one of _SIGNATURES): positional arguments keep their
+        # meaning, and the defaults are the stock ones.
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        del arguments["self"]
+        more = arguments.pop("kwargs")
+        hidden_states = arguments.pop("hidden_states")
+        return layer(self, hidden_states, {**arguments, **more})
     return forward
 
 
