@@ -10,7 +10,7 @@ import warnings
 import torch
 
 TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=128, max_position_embeddings=64, head_dim=16, moe_intermediate_size=32,
+            vocab_size=128, max_position_embeddings=64, head_dim=16, moe_intermediate_size=32, projector_hidden_size=64,
             num_local_experts=4, num_experts=4, num_experts_per_tok=2, n_routed_experts=4, n_shared_experts=1,
             sliding_window=16,
             # the same sizes under other families' names
@@ -211,7 +211,7 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
                "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
                "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3", "llama4_text", "llama4",
-               "deepseek_v2"]
+               "deepseek_v2", "muse_glimmer"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},

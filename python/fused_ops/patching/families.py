@@ -36,6 +36,7 @@ EXPECTED_FUSIONS = {
     "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
     "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
     "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN,
+    "muse_glimmer": LLAMA_KIN,  # its head's output multiplier and softcap, from the text config
     # Hybrids of linear and full attention: the full attention layers' parts (the linear attention's
     # gated norm, norm(x) * silu(gate), stays).
     "qwen3_next": MOE | {"gated_mlp"}, "qwen3_5": LLAMA_KIN, "qwen3_5_text": LLAMA_KIN,

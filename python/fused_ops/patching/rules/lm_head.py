@@ -5,8 +5,8 @@ arguments mean what they meant), hands the base model (at `.model`, or at the cl
 `base_model_prefix`: GPT-2's `transformer`) what the stock forward hands it, takes the loss of the head
 over its last hidden state, and returns the stock output's class with the base model's fields. What
 families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
-Granite's `1 / logits_scaling`, Falcon-H1's `lm_head_multiplier`), taken on the rows before the
-product, and a final-logit softcap (Gemma 2, 3), which the op applies. The MoE families' router loss
+Granite's `1 / logits_scaling`, Falcon-H1's `lm_head_multiplier`, MuseGlimmer's `output_multiplier`),
+taken on the rows before the product, and a final-logit softcap (Gemma 2, 3), which the op applies. The MoE families' router loss
 (`output_router_logits`) is added to the fused loss by the family's own `load_balancing_loss_func`, as
 its stock forward adds it. Image-text models (Gemma 3, 4) hand the labels to their base model too.
 
@@ -170,12 +170,16 @@ class LMHeadLossRule(Rule):
         if output is None or not hasattr(output, "logits") or not dataclasses.is_dataclass(output):
             raise LeftAlone("the probe forward gave no output with logits")
         config = getattr(module, "config", None)
-        softcap = getattr(config, "final_logit_softcapping", None)
-        softcap = float(softcap) if isinstance(softcap, (int, float)) and softcap > 0 else 0.0
+        configs = [config, config.get_text_config()] if hasattr(config, "get_text_config") else [config]
+        softcaps = [getattr(c, "final_logit_softcapping", None) for c in configs]
+        softcap = next((float(c) for c in softcaps if _positive(c)), 0.0)
         scales = [1.0]
-        logits_scaling = getattr(config, "logits_scaling", None)
-        for scale in (getattr(module, "logit_scale", None), 1.0 / logits_scaling if _positive(logits_scaling) else None,
-                      getattr(config, "lm_head_multiplier", None)):
+        candidates = [getattr(module, "logit_scale", None)]
+        for c in configs:  # Granite's divisor; Falcon-H1's and MuseGlimmer's multipliers
+            logits_scaling = getattr(c, "logits_scaling", None)
+            candidates += [1.0 / logits_scaling if _positive(logits_scaling) else None,
+                           getattr(c, "lm_head_multiplier", None), getattr(c, "output_multiplier", None)]
+        for scale in candidates:
             if _positive(scale) and scale not in scales:
                 scales.append(float(scale))
         if module.lm_head.bias is not None:
