@@ -1,6 +1,7 @@
-"""fuse() on every causal-LM and image-text family transformers ships that builds from a tiny config, fused or not:
-the stock loss and every gradient in training, the stock logits and hidden states in eval mode, the same Parameter
-objects and state-dict keys, and a model that pickles and deep-copies. The test of "never wrong" is the families nobody wrote a rule for."""
+"""fuse() on every causal-LM and image-text family transformers ships that builds from a tiny config, fused or
+not: the stock loss and every gradient in training, the stock logits and hidden states in eval mode, the same
+Parameter objects and state-dict keys, and a model that pickles and deep-copies. The test of "never wrong" is the
+families nobody wrote a rule for."""
 import copy
 import io
 import warnings

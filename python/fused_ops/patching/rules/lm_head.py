@@ -6,9 +6,10 @@ arguments mean what they meant), hands the base model (at `.model`, or at the cl
 over its last hidden state, and returns the stock output's class with the base model's fields. What
 families put around the head is a variant the probe proves: a logit scale (Cohere's `logit_scale`,
 Granite's `1 / logits_scaling`, Falcon-H1's `lm_head_multiplier`, MuseGlimmer's `output_multiplier`),
-taken on the rows before the product, and a final-logit softcap (Gemma 2, 3), which the op applies. The MoE families' router loss
-(`output_router_logits`) is added to the fused loss by the family's own `load_balancing_loss_func`, as
-its stock forward adds it. Image-text models (Gemma 3, 4) hand the labels to their base model too.
+taken on the rows before the product, and a final-logit softcap (Gemma 2, 3), which the op applies.
+The MoE families' router loss (`output_router_logits`) is added to the fused loss by the family's own
+`load_balancing_loss_func`, as its stock forward adds it. Image-text models (Gemma 3, 4) hand the labels
+to their base model too.
 
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
@@ -39,7 +40,8 @@ def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap, labels_to_base = options["logit_scale"], options["softcap"], options["labels_to_base"]
     base_name = options["base"]
-    router_loss_function = innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"] else None
+    router_loss_function = (innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"]
+                            else None)
     signature = inspect.signature(innermost(stock))
     parameters = list(signature.parameters.values())
     own, more = parameters[0].name, next(p.name for p in parameters if p.kind is p.VAR_KEYWORD)
@@ -79,7 +81,7 @@ def _causal_lm_forward(base, options):
                 or (router_logits_wanted and router_loss_function is None)):
             return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)
-        num_items_in_batch = extra.get("num_items_in_batch")  # the base model is handed it too, as by the stock one
+        num_items_in_batch = extra.get("num_items_in_batch")  # handed to the base model too, as the stock one is
         if options["router_to_base"]:
             extra["output_router_logits"] = bool(router_logits_wanted)
         if labels_to_base:
@@ -102,12 +104,12 @@ def _causal_lm_forward(base, options):
 
 
 def _marker(key, value):
-    """A number that changes with what the base model was handed under `key`."""
+    """A number that changes with what the base model was handed under `key`, and with its value."""
     if value is None:
         return 0.0
     weight = 1.0 + zlib.crc32(repr(key).encode()) % 1000 / 1000.0
-    if torch.is_tensor(value):
-        return weight * (1.0 + float(value.detach().double().abs().sum()) % 1.0)
+    if torch.is_tensor(value):  # the golden ratio's fraction spreads integer sums (ids, labels) too
+        return weight * (1.0 + float(value.detach().double().sum()) * 0.6180339887 % 1.0)
     return weight * (1.0 + zlib.crc32(repr(value).encode()) % 1000 / 1000.0)
 
 
