@@ -23,10 +23,12 @@ TINY = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atten
             # per-layer token embeddings (Gemma 3n, Gemma 4)
             hidden_size_per_layer_input=16, vocab_size_per_layer_input=128)
 MAX_PARAMETERS = 8_000_000
-# An image-text model's vision tower, under its families' names.
-TINY_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
+# An image-text model's vision tower (and other towers beside its language model), under its families' names.
+TINY_TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
                    patch_size=8, embed_dim=32, depth=1, num_heads=2, out_hidden_size=64, num_key_value_heads=2,
                    head_dim=16)
+# An audio tower's sizes, under its families' names.
+TINY_AUDIO = dict(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64, output_dim=64)
 # The top ids of the vocabulary, which a batch does not draw: the image and video placeholders'.
 RESERVED_IDS = 8
 # Families whose tiny model takes a minute a forward on the CPU (Python loops of linear attention):
@@ -140,10 +142,12 @@ def tiny_config(model_type):
             value = getattr(target, name, None)
             if isinstance(vocab, int) and isinstance(value, int) and value >= vocab - RESERVED_IDS:
                 setattr(target, name, vocab - 2 - number % (RESERVED_IDS - 2))
-    vision = getattr(config, "vision_config", None)
-    if vision is not None and not isinstance(vision, dict) and "vision_config" not in OVERRIDES.get(model_type, {}):
-        for name, value in TINY_VISION.items():
-            _set_size(vision, name, value)
+    # The towers and connectors beside the language model (vision, audio, Q-Former, perceiver), small too.
+    for name, tower in list(vars(config).items()):
+        if (name.endswith("_config") and name != "text_config" and hasattr(tower, "to_dict")
+                and name not in OVERRIDES.get(model_type, {})):
+            for size_name, value in {**TINY_TOWER, **({} if name == "vision_config" else TINY_AUDIO)}.items():
+                _set_size(tower, size_name, value)
     return config
 
 
