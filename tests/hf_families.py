@@ -44,7 +44,9 @@ _LATENT_ATTENTION = dict(qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
 OVERRIDES = {
     "gptj": dict(rotary_dim=8), "codegen": dict(rotary_dim=8),
     **{family: _LATENT_ATTENTION for family in ("deepseek_v2", "deepseek_v3", "deepseek_v32", "youtu", "axk2",
-                                                "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "hy_v4")},
+                                                "minicpm3", "glm4_moe_lite", "glm_moe_dsa", "hy_v4", "kimi_k25")},
+    "axk1": dict(_LATENT_ATTENTION, n_group=1, topk_group=1),  # expert groups of the tiny expert count
+    "mistral4": dict(_LATENT_ATTENTION, head_dim=16),  # its rotary is half of head_dim: qk_rope_head_dim
     "roc_bert": dict(pronunciation_embed_dim=16, pronunciation_vocab_size=32, shape_embed_dim=16, shape_vocab_size=32),
     "jamba": dict(attn_layer_offset=1, attn_layer_period=2, expert_layer_offset=1, expert_layer_period=2),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
@@ -215,7 +217,7 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
                "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
                "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3", "llama4_text", "llama4",
-               "deepseek_v2", "muse_glimmer"]
+               "deepseek_v2", "deepseek_v3", "muse_glimmer", "mistral4"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
@@ -269,7 +271,7 @@ def stock_part_calls(model, function):
     # Each modeling module of the model's classes (an image-text model's language model has its own).
     modelings = {sys.modules[type(module).__module__] for module in model.modules()}
     stock_rotaries = {(modeling, name): getattr(modeling, name) for modeling in modelings
-                      for name in ("apply_rotary_pos_emb", "apply_rotary_emb")
+                      for name in ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
                       if callable(getattr(modeling, name, None))}
 
     def counted(stock_rotary):

@@ -493,11 +493,13 @@ def test_experts_gate_runs_as_gated_mul_between_transformers_products(model_type
                                                 ("gpt_oss", "rotate_half_half_table"),
                                                 ("gemma4_text", "rotate_half"),
                                                 ("llama4_text", "complex_heads_third"),
-                                                ("deepseek_v2", "complex_heads_second")])
+                                                ("deepseek_v2", "complex_heads_second"),
+                                                ("deepseek_v3", "rotate_half")])
 def test_rotary_layout_is_the_one_the_probe_proves(model_type, layout):
     """Each family's rotary tables and pairs (GLM-4's half tables repeated per pair over a partial rotary
     dim, gpt-oss's half tables, Gemma 4's one tensor a call, Llama 4's and DeepSeek-V2's complex factors
-    over heads in dim 2 or 1) are recognised as such, and the fused attention gives the stock values."""
+    over heads in dim 2 or 1, DeepSeek-V3's pairs laid out as halves by the function its config picks) are
+    recognised as such, and the fused attention gives the stock values."""
     import hf_families
     stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))

@@ -28,7 +28,8 @@ EXPECTED_FUSIONS = {
     "bamba": EXTRA_NORMS,
     # Granite's MoE heads: the logits scaling, and the router loss request read from the config.
     "granitemoe": MOE - {"residual_norm"}, "granitemoeshared": MOE - {"residual_norm"},
-    "granitemoehybrid": MOE - {"residual_norm"}, "lfm2_moe": MOE - {"residual_norm"},
+    "granitemoehybrid": MOE - {"residual_norm", "rotary"},  # its default config uses no rotary embedding
+    "lfm2_moe": MOE - {"residual_norm"},
     # The base model at the class's base_model_prefix (`transformer`, `gpt_neox`).
     "gpt2": frozenset({"norm", "bias_gelu", "lm_head_loss", "causal_mask"}),
     "gpt_neox": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
@@ -43,4 +44,5 @@ EXPECTED_FUSIONS = {
     "qwen3_5_moe": MOE | {"gated_mlp"}, "qwen3_5_moe_text": MOE | {"gated_mlp"},
     # Rotation by complex factors (apply_rotary_emb); Llama 4's layers have no Llama-shaped residual norm.
     "llama4_text": EXTRA_NORMS, "llama4": EXTRA_NORMS, "deepseek_v2": MOE | {"gated_mlp"},
+    "mistral4": MOE | {"gated_mlp"}, "deepseek_v3": LLAMA_KIN,  # multi-head latent attention
 }

@@ -410,6 +410,27 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
     _compare(want, got, f"{own_dtype} output", 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2)
 
 
+def runs_a_fused_op(module, fused_cls, inputs: Inputs) -> bool:
+    """Whether `fused_cls`'s forward calls a torch.ops.fused op on `inputs` (in the module's own dtype): a
+    forward whose replaced function it does not call (another one of the module's code, picked by its
+    config) proves equal without fusing anything."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "fused":
+                seen.append(func)
+            return func(*args, **(kwargs or {}))
+    parameter = next(module.parameters(), None)
+    dtype = parameter.dtype if parameter is not None else torch.float32
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    with Watch():
+        _run(module, fused_cls, {}, inputs, dtype, device, False, lambda output: output, False)
+    return bool(seen)
+
+
 @contextlib.contextmanager
 def _state_kept(model):
     """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers) and

@@ -5,6 +5,8 @@ calls bound to the fused op. Which layout the tables and the rotation have is th
   interleaved_half_table    GPT-J's pairs from tables whose first half is repeated per pair (GLM)
   rotate_half_half_table    Llama's pairs from tables of R/2 (gpt-oss)
   complex_heads_*           GPT-J's pairs times complex factors (Llama 4's and DeepSeek-V2's apply_rotary_emb)
+DeepSeek-V3's and Mistral 4's apply_rotary_pos_emb_interleave lays pairs out as halves first, then rotates
+them as Llama's; the forward must call the function replaced (its config may pick another).
 Partial rotary (R below the head size, the rest passed through) is the op's own.
 """
 import inspect
@@ -12,6 +14,7 @@ import inspect
 import torch
 
 from ... import _ops
+from .. import probe
 from ..swap import forward_builder, innermost, with_global
 from . import LeftAlone, Rule
 
@@ -55,11 +58,20 @@ _SIGNATURES = {
     ("x", "cos", "sin", "unsqueeze_dim"): "one_tensor",
     ("xq", "xk", "freqs_cis"): "complex_factors",
 }
-_FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_emb")
+_FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
 
 
-def _replacement(layout, signature):
-    if signature == "with_position_ids":
+def _halves_of_pairs(x):
+    """x's pairs (2i, 2i + 1) laid out as halves (i, i + D/2), as DeepSeek-V3's and Mistral 4's
+    apply_rotary_pos_emb_interleave lays out its result."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+def _replacement(name, layout, signature):
+    if name == "apply_rotary_pos_emb_interleave":
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            return _rotate(_halves_of_pairs(q), _halves_of_pairs(k), cos, sin, unsqueeze_dim, layout)
+    elif signature == "with_position_ids":
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
     elif signature == "one_tensor":
@@ -83,7 +95,8 @@ COMPLEX_LAYOUTS = ("complex_heads_second", "complex_heads_third")
 
 @forward_builder("rotary")
 def _rotary_forward(base, options):
-    return with_global(base.forward, options["function"], _replacement(options["layout"], options["signature"]))
+    name = options["function"]
+    return with_global(base.forward, name, _replacement(name, options["layout"], options["signature"]))
 
 
 def _signature(function):
@@ -94,10 +107,11 @@ def _signature(function):
     return _SIGNATURES.get(tuple(p.name for p in parameters))
 
 
-def _called_function(module):
-    """The rotary function's global name that the module's forward calls."""
+def _called_functions(module):
+    """The rotary functions' global names that the module's forward may call (DeepSeek-V3's picks one of
+    two by its config)."""
     code = getattr(innermost(type(module).forward), "__code__", None)
-    return next((name for name in _FUNCTION_NAMES if code is not None and name in code.co_names), None)
+    return [name for name in _FUNCTION_NAMES if code is not None and name in code.co_names]
 
 
 class RotaryRule(Rule):
@@ -107,22 +121,31 @@ class RotaryRule(Rule):
 
     def candidates(self, model):
         for name, module in model.named_modules():
-            if _called_function(module) is not None:
+            if _called_functions(module):
                 yield name, module
 
     def variants(self, module, context):
-        name = _called_function(module)
-        function = innermost(type(module).forward).__globals__.get(name)
-        if not callable(function):
-            raise LeftAlone(f"{name} is not a global function of its forward's module")
-        signature = _signature(function)
-        if signature is None:
-            raise LeftAlone(f"{name} takes other arguments than (q, k, cos, sin[, position_ids], unsqueeze_dim), "
-                            "(x, cos, sin, unsqueeze_dim) or (xq, xk, freqs_cis)")
-        if with_global(type(module).forward, name, None) is None:
-            raise LeftAlone("its forward's decorators do not hold the function they wrap")
-        layouts = COMPLEX_LAYOUTS if signature == "complex_factors" else LAYOUTS
-        return [(("function", name), ("layout", layout), ("signature", signature)) for layout in layouts]
+        variants, reasons = [], []
+        for name in _called_functions(module):
+            function = innermost(type(module).forward).__globals__.get(name)
+            signature = _signature(function) if callable(function) else None
+            if signature is None:
+                reasons.append(f"{name} is not a global function taking (q, k, cos, sin[, position_ids], "
+                               "unsqueeze_dim), (x, cos, sin, unsqueeze_dim) or (xq, xk, freqs_cis)")
+            elif with_global(type(module).forward, name, None) is None:
+                reasons.append("its forward's decorators do not hold the function they wrap")
+            else:
+                layouts = COMPLEX_LAYOUTS if signature == "complex_factors" else LAYOUTS
+                variants += [(("function", name), ("layout", layout), ("signature", signature)) for layout in layouts]
+        if not variants:
+            raise LeftAlone("; ".join(reasons))
+        return variants
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
+
+    def verify(self, module, fused_cls, context):
+        inputs = self.inputs(module, context)
+        probe.verify(module, fused_cls, inputs)
+        if not probe.runs_a_fused_op(module, fused_cls, inputs):
+            raise probe.Mismatch("its forward does not call this function (its config picks another)")
