@@ -289,3 +289,18 @@ def stock_part_calls(model, function):
         for handle in handles:
             handle.remove()
     return calls
+
+
+def assert_gradients_match_stock(fused, stock, rtol=1e-4, atol=1e-5, relative_atol=0.0, dtype=None):
+    """Every parameter's gradient of the fused model against the stock model's (atol plus relative_atol
+    times the largest stock gradient of that parameter)."""
+    expected = dict(stock.named_parameters())
+    grads = {name: parameter.grad for name, parameter in fused.named_parameters()}
+    assert set(grads) == set(expected)
+    for name, grad in grads.items():
+        if expected[name].grad is None:  # unused in this forward (an image-text model's vision tower on text)
+            assert grad is None, name
+            continue
+        assert dtype is None or grad.dtype == dtype, name
+        largest = expected[name].grad.abs().max().item()
+        torch.testing.assert_close(grad, expected[name].grad, rtol=rtol, atol=atol + relative_atol * largest, msg=name)

@@ -15,6 +15,7 @@ import fused_ops
 from fused_ops.patching.swap import fused_kind
 
 transformers = pytest.importorskip("transformers")
+from hf_families import assert_gradients_match_stock  # noqa: E402
 
 SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=101, max_position_embeddings=64)
@@ -37,21 +38,6 @@ def stock_and_fused(family, device):
             if "norm" in name:
                 parameter.uniform_(0.5, 1.5)
     return stock, fused_ops.fuse(copy.deepcopy(stock))
-
-
-def assert_gradients_match_stock(fused, stock, rtol=1e-4, atol=1e-5, relative_atol=0.0, dtype=None):
-    """Every parameter's gradient of the fused model against the stock model's (atol plus relative_atol
-    times the largest stock gradient of that parameter)."""
-    expected = dict(stock.named_parameters())
-    grads = {name: parameter.grad for name, parameter in fused.named_parameters()}
-    assert set(grads) == set(expected)
-    for name, grad in grads.items():
-        if expected[name].grad is None:  # unused in this forward (an image-text model's vision tower on text)
-            assert grad is None, name
-            continue
-        assert dtype is None or grad.dtype == dtype, name
-        largest = expected[name].grad.abs().max().item()
-        torch.testing.assert_close(grad, expected[name].grad, rtol=rtol, atol=atol + relative_atol * largest, msg=name)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -450,12 +436,7 @@ def test_gemma3_image_text_model_fuses_its_head_and_loss_with_images():
     want.loss.backward()
     got.loss.backward()
     assert stock.model.vision_tower.embeddings.patch_embedding.weight.grad is not None
-    for (name, ours), theirs in zip(fused.named_parameters(), stock.parameters(), strict=True):
-        if theirs.grad is None:  # parameters this forward does not use (the vision head's)
-            assert ours.grad is None, name
-        else:
-            largest = theirs.grad.abs().max().item()
-            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5 * max(largest, 1.0), msg=name)
+    assert_gradients_match_stock(fused, stock, atol=1e-5, relative_atol=1e-5)  # the vision head's: none in both
     calls = hf_families.fused_op_calls(lambda: fused(**inputs))
     assert calls.get("linear_cross_entropy_with_gradients") == 1 and calls.get("layer_norm", 0) > 0, calls
 

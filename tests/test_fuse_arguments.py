@@ -29,12 +29,7 @@ def assert_same_step(stock, fused, *args, **kwargs):
     want, got = outputs
     assert got.logits is None
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-    for (name, ours), theirs in zip(fused.named_parameters(), stock.parameters(), strict=True):
-        if theirs.grad is None:
-            assert ours.grad is None, name
-        else:
-            largest = theirs.grad.abs().max().item()
-            torch.testing.assert_close(ours.grad, theirs.grad, rtol=1e-4, atol=1e-5 * max(largest, 1.0), msg=name)
+    hf_families.assert_gradients_match_stock(fused, stock, atol=1e-5, relative_atol=1e-5)
     calls = hf_families.fused_op_calls(lambda: fused(*args, **kwargs))
     assert calls.get("linear_cross_entropy_with_gradients") == 1, calls
 

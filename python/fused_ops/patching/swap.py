@@ -94,6 +94,19 @@ def innermost(function):
     return function
 
 
+def bound_call(signature, args, kwargs, defaults=True):
+    """A method call's arguments by `signature`'s names, its first (self) dropped: (the named ones, with the
+    signature's defaults where `defaults`; the keyword arguments its **kwargs collects). Positional
+    arguments keep the meaning they have for the stock forward."""
+    bound = signature.bind(*args, **kwargs) if defaults else signature.bind_partial(*args, **kwargs)
+    if defaults:
+        bound.apply_defaults()
+    named = dict(bound.arguments)
+    named.pop(next(iter(signature.parameters)), None)
+    more = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    return named, dict(named.pop(more, {}) if more else {})
+
+
 def rewrapped(function, replace_innermost):
     """A copy of each decorator's wrapper around `function`, wrapping `replace_innermost(the innermost
     function)` instead (None where that gives None or a wrapper does not hold the function it wraps in its

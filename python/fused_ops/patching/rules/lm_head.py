@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ... import _ops
 from .. import probe
-from ..swap import as_autocast_runs_linear, forward_builder, innermost, is_plain_linear, rewrapped
+from ..swap import as_autocast_runs_linear, bound_call, forward_builder, innermost, is_plain_linear, rewrapped
 from . import LeftAlone, Rule
 
 # The arguments the probe gives every candidate; any other named argument of a forward is handed to the
@@ -43,8 +43,6 @@ def _causal_lm_forward(base, options):
     router_loss_function = (innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"]
                             else None)
     signature = inspect.signature(innermost(stock))
-    parameters = list(signature.parameters.values())
-    own, more = parameters[0].name, next(p.name for p in parameters if p.kind is p.VAR_KEYWORD)
     fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS]
 
     def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
@@ -65,11 +63,7 @@ def _causal_lm_forward(base, options):
         return loss
 
     def forward(self, *args, **kwargs):
-        bound = signature.bind(self, *args, **kwargs)
-        bound.apply_defaults()
-        arguments = dict(bound.arguments)
-        extra = dict(arguments.pop(more))
-        del arguments[own]
+        arguments, extra = bound_call(signature, (self, *args), kwargs)
         labels, shift_labels = arguments.pop("labels"), extra.get("shift_labels")
         router_logits_wanted = arguments.pop("output_router_logits", None)
         if router_logits_wanted is None:
@@ -132,11 +126,8 @@ class _HiddenStates(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         # By the real base model's parameter names: input_ids handed by position or by name is the same.
-        arguments = self.signature.bind_partial(None, *args, **kwargs).arguments
-        more = [name for name, p in self.signature.parameters.items() if p.kind is p.VAR_KEYWORD]
-        handed = {**{name: value for name, value in list(arguments.items())[1:] if name not in more},
-                  **(arguments.get(more[0], {}) if more else {})}
-        handed = [_marker(name, value) for name, value in handed.items() if name != "return_dict"]
+        named, more = bound_call(self.signature, (None, *args), kwargs, defaults=False)
+        handed = [_marker(name, value) for name, value in {**named, **more}.items() if name != "return_dict"]
         hidden = self.hidden + sum(handed) / 4
         fields = {}
         for number, field in enumerate(dataclasses.fields(self.output_class)):
