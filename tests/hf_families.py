@@ -217,7 +217,8 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
                "qwen3_moe", "hunyuan_v1_moe", "gpt_oss", "gemma4_text", "gemma4", "gemma4_unified_text", "falcon_h1",
                "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
                "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3", "llama4_text", "llama4",
-               "deepseek_v2", "deepseek_v3", "muse_glimmer", "mistral4"]
+               "deepseek_v2", "deepseek_v3", "muse_glimmer", "mistral4", "qwen3_next", "qwen3_5_text", "qwen3_5",
+               "qwen3_5_moe_text", "qwen3_5_moe", "olmo_hybrid"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
@@ -229,6 +230,12 @@ FUSED_OPS_OF_PART = {
 
 def is_norm(module):
     return not module._modules and "norm" in type(module).__name__.lower()
+
+
+def is_gated_norm(module):
+    """A norm that takes a gate: its fused form is rms_norm and one gated_mul."""
+    import inspect
+    return is_norm(module) and list(inspect.signature(module.forward).parameters) == ["hidden_states", "gate"]
 
 
 def is_gated_mlp(module):
@@ -258,13 +265,14 @@ def fused_op_calls(function):
 
 def stock_part_calls(model, function):
     """{part: calls} of the stock model's norms, gated MLPs and rotary functions in `function()`, and
-    the head + loss (one call)."""
+    the head + loss (one call); "gated_norm" counts the norms among them that take a gate."""
     import sys
-    calls = {"norm": 0, "gated_mlp": 0, "rotary": 0, "lm_head_loss": 1}
+    calls = {"norm": 0, "gated_norm": 0, "gated_mlp": 0, "rotary": 0, "lm_head_loss": 1}
     handles = []
     for module in model.modules():
-        part = "norm" if is_norm(module) else "gated_mlp" if is_gated_mlp(module) else None
-        if part is not None:
+        parts = (["norm"] + ["gated_norm"] * is_gated_norm(module) if is_norm(module)
+                 else ["gated_mlp"] if is_gated_mlp(module) else [])
+        for part in parts:
             def hook(*_, part=part):
                 calls[part] += 1
             handles.append(module.register_forward_hook(hook))

@@ -28,11 +28,11 @@ MODEL_TYPES = hf_families.causal_lm_model_types() + hf_families.image_text_model
 PARAMETERS = [pytest.param(t, marks=pytest.mark.slow) if t in hf_families.SLOW else t for t in MODEL_TYPES]
 
 
-def stock_and_fused(model_type):
+def stock_and_fused(model_type, device="cpu"):
     reason = hf_families.why_not_testable(model_type)
     if reason is not None:
         pytest.skip(f"a tiny {model_type} does not build or run: {reason}")
-    stock = hf_families.build(model_type)
+    stock = hf_families.build(model_type).to(device)
     fused = copy.deepcopy(stock)
     before = list(fused.named_parameters())
     with warnings.catch_warnings():
@@ -59,11 +59,9 @@ def assert_close_relative(got, want, rtol, what):
     torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * scale + 1e-7, msg=what)
 
 
-@pytest.mark.parametrize("model_type", PARAMETERS)
-def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type):
-    stock, fused = stock_and_fused(model_type)
+def assert_training_step_matches(stock, fused, model_type, device="cpu"):
     report = fused.fused_ops_report
-    ids = hf_families.batch(stock)
+    ids = hf_families.batch(stock).to(device)
     labels = ids.clone()
     labels[0, :3] = -100
     want_loss, want_grads = training_step(stock, ids, labels)
@@ -75,6 +73,14 @@ def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type)
             assert got_grads[name] is None, name
         else:
             assert_close_relative(got_grads[name], want, 1e-3, f"{model_type} gradient of {name}\n{report}")
+    return ids, labels
+
+
+@pytest.mark.parametrize("model_type", PARAMETERS)
+def test_fused_family_computes_what_the_stock_model_does_and_pickles(model_type):
+    stock, fused = stock_and_fused(model_type)
+    report = fused.fused_ops_report
+    ids, labels = assert_training_step_matches(stock, fused, model_type)
     stock.eval(), fused.eval()
     with torch.no_grad():
         want, got = stock(input_ids=ids, labels=labels), fused(input_ids=ids, labels=labels)
@@ -111,18 +117,33 @@ def test_enough_families_are_tested():
 MAY_STAY = {"nemotron": {"gated_mlp"}, "gpt_oss": {"gated_mlp"}}
 
 
-@pytest.mark.parametrize("model_type", hf_families.FULLY_FUSED)
-def test_every_part_of_the_family_runs_as_fused_ops(model_type):
-    """One training forward: each norm, gated MLP and rotary embedding the stock model runs, and its
-    head + loss, is one torch.ops.fused call in the fused model."""
-    stock, fused = stock_and_fused(model_type)
-    ids = hf_families.batch(stock)
+def assert_every_part_runs_as_fused_ops(stock, fused, model_type, ids):
     want = hf_families.stock_part_calls(stock, lambda: stock(input_ids=ids, labels=ids))
     got = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     for part, ops in hf_families.FUSED_OPS_OF_PART.items():
         if part in MAY_STAY.get(model_type, ()):
             continue
         fused_calls = sum(got.get(op, 0) for op in ops)
+        if part == "gated_mlp":
+            fused_calls -= want["gated_norm"]  # each gated norm gates with one gated_mul
         assert fused_calls == want[part], (f"{model_type}: {part}: {fused_calls} fused calls for the stock "
                                            f"model's {want[part]}; fused ops {got}\n{fused.fused_ops_report}")
     assert want["norm"] and want["rotary"] or model_type == "nemotron", want
+
+
+@pytest.mark.parametrize("model_type", hf_families.FULLY_FUSED)
+def test_every_part_of_the_family_runs_as_fused_ops(model_type):
+    """One training forward: each norm, gated MLP and rotary embedding the stock model runs, and its
+    head + loss, is one torch.ops.fused call in the fused model."""
+    stock, fused = stock_and_fused(model_type)
+    assert_every_part_runs_as_fused_ops(stock, fused, model_type, hf_families.batch(stock))
+
+
+@pytest.mark.cuda_only
+@pytest.mark.parametrize("model_type", hf_families.FULLY_FUSED)
+def test_fused_family_on_cuda_runs_every_part_fused_and_matches_stock(model_type):
+    """fuse() on a model already on the GPU: its probes pass with the CUDA kernels, every part runs as
+    fused ops, and a training step gives the stock loss and gradients."""
+    stock, fused = stock_and_fused(model_type, "cuda")
+    ids, _ = assert_training_step_matches(stock, fused, model_type, "cuda")
+    assert_every_part_runs_as_fused_ops(stock, fused, model_type, ids)

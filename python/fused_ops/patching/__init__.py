@@ -17,6 +17,7 @@ from .rules.bias_gelu import BiasGELURule
 from .rules.causal_mask import CausalMaskRule
 from .rules.experts_gate import ExpertsGateRule
 from .rules.gated_mlp import GatedMLPRule
+from .rules.gated_norm import GatedNormRule
 from .rules.lm_head import LMHeadLossRule, base_model_name
 from .rules.norm import NormRule
 from .rules.residual_norm import ResidualNormRule
@@ -27,7 +28,7 @@ logger = logging.getLogger("fused_ops")
 
 # The order matters once: residual_norm builds on the norms proven before it.
 _RULES = [(GatedMLPRule(), "mlp"), (ExpertsGateRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"),
-          (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (ResidualNormRule(), "residual_norms"),
+          (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (GatedNormRule(), "norms"), (ResidualNormRule(), "residual_norms"),
           (CausalMaskRule(), "causal_mask")]
 
 

@@ -38,10 +38,11 @@ EXPECTED_FUSIONS = {
     "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
     "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN,
     "muse_glimmer": LLAMA_KIN,  # its head's output multiplier and softcap, from the text config
-    # Hybrids of linear and full attention: the full attention layers' parts (the linear attention's
-    # gated norm, norm(x) * silu(gate), stays).
-    "qwen3_next": MOE | {"gated_mlp"}, "qwen3_5": LLAMA_KIN, "qwen3_5_text": LLAMA_KIN,
-    "qwen3_5_moe": MOE | {"gated_mlp"}, "qwen3_5_moe_text": MOE | {"gated_mlp"},
+    # Hybrids of linear and full attention: the full attention layers' parts, and the linear attention's
+    # gated norm, act(gate) * norm(x), as rms_norm + gated_mul.
+    "qwen3_next": MOE | {"gated_mlp", "gated_norm"}, "qwen3_5": LLAMA_KIN | {"gated_norm"},
+    "qwen3_5_text": LLAMA_KIN | {"gated_norm"}, "qwen3_5_moe": MOE | {"gated_mlp", "gated_norm"},
+    "qwen3_5_moe_text": MOE | {"gated_mlp", "gated_norm"}, "olmo_hybrid": EXTRA_NORMS | {"gated_norm"},
     # Rotation by complex factors (apply_rotary_emb); Llama 4's layers have no Llama-shaped residual norm.
     "llama4_text": EXTRA_NORMS, "llama4": EXTRA_NORMS, "deepseek_v2": MOE | {"gated_mlp"},
     "mistral4": MOE | {"gated_mlp"}, "deepseek_v3": LLAMA_KIN,  # multi-head latent attention

@@ -61,7 +61,10 @@ class NormRule(Rule):
     description = "norm over the last dim -> rms_norm / layer_norm"
     needs_capture = True  # only a weightless norm with no size attribute uses its captured call
 
-    def candidates(self, model):
+    @staticmethod
+    def leaf_norms(model):
+        """(name, module) of each leaf module that is torch's norm or has "norm" in its class name, and whose
+        parameters are none or a 1-D weight (and a bias)."""
         for name, module in model.named_modules():
             if module._modules:
                 continue
@@ -73,6 +76,26 @@ class NormRule(Rule):
                 yield name, module
             elif isinstance(weight, torch.nn.Parameter) and weight.dim() == 1 and not set(parameters) - {"weight", "bias"}:
                 yield name, module
+
+    @staticmethod
+    def leaf_norms_with_a_weight(model):
+        return ((name, module) for name, module in NormRule.leaf_norms(model)
+                if getattr(module, "weight", None) is not None)
+
+    epsilon = staticmethod(_epsilon)
+
+    @staticmethod
+    def probe_rows(size, generator):
+        """[2, 4, size] float64 rows at scales down to the epsilon's, each off zero mean: a wrong epsilon, a
+        missing mean subtraction or a dropped constant all show."""
+        rows = torch.randn(2, 4, size, generator=generator, dtype=torch.float64)
+        scales = torch.tensor([1.0, 3e-2, 1e-3, 3e-4], dtype=torch.float64)[:, None]
+        offsets = torch.tensor([0.5, -0.02, 1e-3, 0.0], dtype=torch.float64)[:, None]
+        return rows * scales + offsets
+
+    def candidates(self, model):
+        from .gated_norm import takes_a_gate  # the gated norms are that rule's
+        return ((name, module) for name, module in self.leaf_norms(model) if not takes_a_gate(module))
 
     def variants(self, module, context):
         check_takes_one_input(module)
@@ -95,12 +118,6 @@ class NormRule(Rule):
             size = _captured_width(module, context)
 
         def make(dtype, device):
-            # Rows at scales down to the epsilon's, each off zero mean: a wrong epsilon, a missing mean
-            # subtraction or a dropped constant all show.
             generator = torch.Generator().manual_seed(probe.PROBE_SEED)
-            rows = torch.randn(2, 4, size, generator=generator, dtype=torch.float64)
-            scales = torch.tensor([1.0, 3e-2, 1e-3, 3e-4], dtype=torch.float64)[:, None]
-            offsets = torch.tensor([0.5, -0.02, 1e-3, 0.0], dtype=torch.float64)[:, None]
-            x = rows * scales + offsets
-            return (x.to(device, dtype or torch.float64),), {}
+            return (self.probe_rows(size, generator).to(device, dtype or torch.float64),), {}
         return probe.Inputs(make)
