@@ -33,6 +33,13 @@ EXPECTED_FUSIONS = {
     # The base model at the class's base_model_prefix (`transformer`, `gpt_neox`).
     "gpt2": frozenset({"norm", "bias_gelu", "lm_head_loss", "causal_mask"}),
     "gpt_neox": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
+    # GPT-J's rotary function, (tensor, sin, cos) with a table value per pair; its head hands the base model
+    # none of its keyword arguments.
+    "gptj": frozenset({"norm", "bias_gelu", "rotary", "lm_head_loss", "causal_mask"}),
+    "codegen": frozenset({"norm", "bias_gelu", "rotary", "lm_head_loss", "causal_mask"}),
+    # Heads whose output class has cross-attentions that their forward leaves empty.
+    "bloom": frozenset({"norm", "lm_head_loss", "causal_mask"}), "mpt": frozenset({"norm", "lm_head_loss", "causal_mask"}),
+    "falcon": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
     # Image-text models: their language model's parts, and their vision tower's norms.
     "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
     "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,

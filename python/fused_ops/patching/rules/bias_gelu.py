@@ -1,4 +1,5 @@
-"""Projection bias + GELU: GPT-2's MLP (Conv1D, act, c_proj) and BERT's intermediate layer."""
+"""Projection bias + GELU: GPT-2's MLP (Conv1D, act, c_proj), GPT-J's and CodeGen's (fc_in, act, fc_out) and
+BERT's intermediate layer."""
 import torch
 
 from ... import _ops
@@ -19,6 +20,10 @@ def _is_plain_conv1d(module):
             and isinstance(getattr(module, "bias", None), torch.Tensor))
 
 
+def _layout(module):
+    return "gpt2_mlp" if "c_fc" in module._modules else "linear_mlp" if "fc_in" in module._modules else "intermediate"
+
+
 @forward_builder("bias_gelu")
 def _bias_gelu_forward(base, options):
     approximate, layout = options["approximate"], options["layout"]
@@ -32,6 +37,13 @@ def _bias_gelu_forward(base, options):
                 *hidden_states.shape[:-1], projection.weight.shape[1])
             hidden = _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, projection.bias), approximate)
             return self.dropout(self.c_proj(hidden))
+    elif layout == "linear_mlp":
+        def forward(self, hidden_states):
+            if not is_plain_linear(self.fc_in) or self.fc_in.bias is None:
+                return stock(self, hidden_states)
+            hidden = torch.nn.functional.linear(hidden_states, self.fc_in.weight)
+            hidden = _ops.bias_gelu(hidden, _bias_as_autocast_adds_it(hidden, self.fc_in.bias), approximate)
+            return self.dropout(self.fc_out(hidden))
     else:
         def forward(self, hidden_states):
             if not is_plain_linear(self.dense) or self.dense.bias is None:
@@ -48,22 +60,25 @@ class BiasGELURule(Rule):
     def candidates(self, model):
         for name, module in model.named_modules():
             children = set(module._modules)
-            if {"c_fc", "act", "c_proj", "dropout"} == children or {"dense", "intermediate_act_fn"} <= (
-                    children | set(vars(module))):
+            if children in ({"c_fc", "act", "c_proj", "dropout"}, {"fc_in", "act", "fc_out", "dropout"}) or {
+                    "dense", "intermediate_act_fn"} <= (children | set(vars(module))):
                 yield name, module
 
     def variants(self, module, context):
         check_takes_one_input(module)
-        layout = "gpt2_mlp" if "c_fc" in module._modules else "intermediate"
-        projection = module.c_fc if layout == "gpt2_mlp" else module.dense
-        if layout == "gpt2_mlp" and not _is_plain_conv1d(projection):
+        layout = _layout(module)
+        projection = {"gpt2_mlp": "c_fc", "linear_mlp": "fc_in"}.get(layout, "dense")
+        if layout == "gpt2_mlp" and not _is_plain_conv1d(module.c_fc):
             raise LeftAlone("c_fc is not a Conv1D with a bias")
-        if layout == "intermediate" and not (is_plain_linear(projection) and projection.bias is not None):
-            raise LeftAlone("dense is not an nn.Linear with a bias")
+        if layout != "gpt2_mlp" and not (is_plain_linear(getattr(module, projection))
+                                         and getattr(module, projection).bias is not None):
+            raise LeftAlone(f"{projection} is not an nn.Linear with a bias")
         return [(("approximate", approximate), ("layout", layout)) for approximate in ("none", "tanh")]
 
     def inputs(self, module, context):
-        size = module.c_fc.weight.shape[0] if "c_fc" in module._modules else module.dense.in_features
+        layout = _layout(module)
+        size = (module.c_fc.weight.shape[0] if layout == "gpt2_mlp"
+                else module.fc_in.in_features if layout == "linear_mlp" else module.dense.in_features)
 
         def make(dtype, device):
             generator = torch.Generator().manual_seed(probe.PROBE_SEED)

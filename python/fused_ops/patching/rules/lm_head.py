@@ -39,11 +39,12 @@ _OWN_FIELDS = {"loss", "logits", "aux_loss"}
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap, labels_to_base = options["logit_scale"], options["softcap"], options["labels_to_base"]
-    base_name = options["base"]
+    base_name, kwargs_to_base = options["base"], options["kwargs_to_base"]
     router_loss_function = (innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"]
                             else None)
     signature = inspect.signature(innermost(stock))
-    fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS]
+    fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS
+              and (field.name != "cross_attentions" or options["cross_attentions"])]
 
     def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
         """The causal LM's loss of the head over `hidden_states`, without the logits."""
@@ -75,12 +76,14 @@ def _causal_lm_forward(base, options):
                 or (router_logits_wanted and router_loss_function is None)):
             return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)
-        num_items_in_batch = extra.get("num_items_in_batch")  # handed to the base model too, as the stock one is
+        num_items_in_batch = extra.get("num_items_in_batch")
+        # The keyword arguments go to the base model where the stock forward hands them on (GPT-J's does not).
+        handed = dict(extra) if kwargs_to_base else {}
         if options["router_to_base"]:
-            extra["output_router_logits"] = bool(router_logits_wanted)
+            handed["output_router_logits"] = bool(router_logits_wanted)
         if labels_to_base:
-            arguments["labels"], extra["return_dict"] = labels, True
-        outputs = self._modules[base_name](**arguments, **extra)
+            arguments["labels"], handed["return_dict"] = labels, True
+        outputs = self._modules[base_name](**arguments, **handed)
         loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep, num_items_in_batch)
         passed = {name: getattr(outputs, name, None) for name in fields}
         if router_logits_wanted:
@@ -178,11 +181,17 @@ class LMHeadLossRule(Rule):
         if module.lm_head.bias is not None:
             scales = [1.0]  # a scale taken on the rows would scale the bias too
         router_loss = _has_router_loss(module)
-        # Whether the base model is handed the labels (image-text models) and `output_router_logits` (most
-        # MoE families; Granite's MoE reads it from its config) is what the probe proves.
-        return [(("base", base_model_name(module)), ("labels_to_base", labels), ("logit_scale", scale),
-                 ("output_class", type(output)), ("router_loss", router_loss), ("router_to_base", router),
-                 ("softcap", softcap))
+        # Whether the base model is handed the forward's keyword arguments (GPT-J's is not), the labels
+        # (image-text models) and `output_router_logits` (most MoE families; Granite's MoE reads it from its
+        # config) is what the probe proves.
+        # Whether the output's cross-attentions come from the base model's, or stay empty as Bloom's,
+        # Falcon's and MPT's forwards leave them.
+        cross_attentions = (True, False) if "cross_attentions" in {f.name for f in dataclasses.fields(output)} else (True,)
+        return [(("base", base_model_name(module)), ("cross_attentions", cross), ("kwargs_to_base", kwargs),
+                 ("labels_to_base", labels), ("logit_scale", scale), ("output_class", type(output)),
+                 ("router_loss", router_loss), ("router_to_base", router), ("softcap", softcap))
+                for cross in cross_attentions
+                for kwargs in (True, False)
                 for labels in (False, True)
                 for router in ((True, False) if "output_router_logits" in names else (False,))
                 for scale in scales]

@@ -5,6 +5,8 @@ calls bound to the fused op. Which layout the tables and the rotation have is th
   interleaved_half_table    GPT-J's pairs from tables whose first half is repeated per pair (GLM)
   rotate_half_half_table    Llama's pairs from tables of R/2 (gpt-oss)
   complex_heads_*           GPT-J's pairs times complex factors (Llama 4's and DeepSeek-V2's apply_rotary_emb)
+GPT-J's and CodeGen's own function rotates one [B, S, H, D] tensor a call by tables of one value a pair,
+(tensor, sin, cos): the interleaved rotation with the tables repeated per pair.
 DeepSeek-V3's and Mistral 4's apply_rotary_pos_emb_interleave lays pairs out as halves first, then rotates
 them as Llama's; the forward must call the function replaced (its config may pick another).
 Partial rotary (R below the head size, the rest passed through) is the op's own.
@@ -57,6 +59,7 @@ _SIGNATURES = {
     ("q", "k", "cos", "sin", "unsqueeze_dim"): "without_position_ids",
     ("x", "cos", "sin", "unsqueeze_dim"): "one_tensor",
     ("xq", "xk", "freqs_cis"): "complex_factors",
+    ("tensor", "sin", "cos"): "sin_cos_pairs",  # GPT-J's: [B, S, H, D] and tables [B, S, R/2], one per pair
 }
 _FUNCTION_NAMES = ("apply_rotary_pos_emb", "apply_rotary_pos_emb_interleave", "apply_rotary_emb")
 
@@ -82,6 +85,9 @@ def _replacement(name, layout, signature):
 
         def apply_rotary_pos_emb(xq, xk, freqs_cis):
             return _rotate_complex(xq, xk, freqs_cis, heads_dim)
+    elif signature == "sin_cos_pairs":
+        def apply_rotary_pos_emb(tensor, sin, cos):
+            return _rotate_one(tensor, cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1), 2, layout)
     else:
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
@@ -131,11 +137,12 @@ class RotaryRule(Rule):
             signature = _signature(function) if callable(function) else None
             if signature is None:
                 reasons.append(f"{name} is not a global function taking (q, k, cos, sin[, position_ids], "
-                               "unsqueeze_dim), (x, cos, sin, unsqueeze_dim) or (xq, xk, freqs_cis)")
+                               "unsqueeze_dim), (x, cos, sin, unsqueeze_dim), (xq, xk, freqs_cis) or "
+                               "(tensor, sin, cos)")
             elif with_global(type(module).forward, name, None) is None:
                 reasons.append("its forward's decorators do not hold the function they wrap")
             else:
-                layouts = COMPLEX_LAYOUTS if signature == "complex_factors" else LAYOUTS
+                layouts = {"complex_factors": COMPLEX_LAYOUTS, "sin_cos_pairs": ("interleaved",)}.get(signature, LAYOUTS)
                 variants += [(("function", name), ("layout", layout), ("signature", signature)) for layout in layouts]
         if not variants:
             raise LeftAlone("; ".join(reasons))
