@@ -494,6 +494,26 @@ def test_rotary_layout_is_the_one_the_probe_proves(model_type, layout):
     assert_gradients_match_stock(fused, stock)
 
 
+@pytest.mark.parametrize("rotary_dim", [16, 8], ids=["whole_head", "partial"])
+def test_gptj_rotary_mlp_and_head_fuse(rotary_dim):
+    """GPT-J's rotary function rotates one [B, S, H, D] tensor a call by tables of one value a pair, over a
+    part of the head or all of it; its MLP is fc_in, tanh-GELU, fc_out; its head hands the base model none
+    of its keyword arguments. All three fused, with the stock loss and gradients."""
+    config = transformers.GPTJConfig(n_embd=64, n_layer=2, n_head=4, rotary_dim=rotary_dim, vocab_size=101,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    stock = transformers.GPTJForCausalLM(config)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    counts = fused.fused_ops_report.counts()
+    assert counts == {"norm": 3, "bias_gelu": 2, "rotary": 2, "lm_head_loss": 1, "causal_mask": 1}, fused.fused_ops_report
+    ids = torch.randint(0, 101, (2, 12))
+    want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids, num_items_in_batch=17)
+    torch.testing.assert_close(got.loss * 17 / 22, want.loss, rtol=1e-5, atol=1e-6)
+    want.loss.backward()
+    (got.loss * 17 / 22).backward()
+    assert_gradients_match_stock(fused, stock)
+
+
 @pytest.mark.parametrize("model_type, layer", [("gemma2", "four_norm"), ("glm4", "glm4"), ("phi3", "phi3"),
                                                ("nemotron", "llama"), ("gpt_oss", "llama"), ("qwen3_vl", "llama"),
                                                ("glm4v", "glm4")])
