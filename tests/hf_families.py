@@ -218,7 +218,7 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
                "granitemoe", "granitemoeshared", "qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "glm4v",
                "glm4v_moe", "llava", "paligemma", "internvl", "smolvlm", "mistral3", "llama4_text", "llama4",
                "deepseek_v2", "deepseek_v3", "muse_glimmer", "mistral4", "qwen3_next", "qwen3_5_text", "qwen3_5",
-               "qwen3_5_moe_text", "qwen3_5_moe", "olmo_hybrid", "gptj", "codegen", "falcon"]
+               "qwen3_5_moe_text", "qwen3_5_moe", "olmo_hybrid", "gptj", "codegen", "falcon", "mllama"]
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},

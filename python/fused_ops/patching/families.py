@@ -53,4 +53,5 @@ EXPECTED_FUSIONS = {
     # Rotation by complex factors (apply_rotary_emb); Llama 4's layers have no Llama-shaped residual norm.
     "llama4_text": EXTRA_NORMS, "llama4": EXTRA_NORMS, "deepseek_v2": MOE | {"gated_mlp"},
     "mistral4": MOE | {"gated_mlp"}, "deepseek_v3": LLAMA_KIN,  # multi-head latent attention
+    "mllama": EXTRA_NORMS,  # its layers take cross-attention arguments: no Llama-shaped residual norm
 }
