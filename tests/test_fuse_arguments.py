@@ -127,6 +127,23 @@ def test_granite_moe_head_hands_its_base_model_what_the_stock_one_does(model_typ
     assert fused(input_ids=ids, labels=ids).aux_loss is None
 
 
+@pytest.mark.parametrize("model_type, variant", [("bloom", "cross_attentions=False"), ("mpt", "cross_attentions=False"),
+                                                 ("falcon", "cross_attentions=False"),
+                                                 ("codegen", "kwargs_to_base=False")])
+def test_head_hands_on_and_returns_only_what_the_stock_one_does(model_type, variant):
+    """Bloom's, MPT's and Falcon's output class has cross-attentions that their forward leaves empty;
+    CodeGen's forward hands its base model none of its keyword arguments (`num_items_in_batch` only reaches
+    the loss): both proven variants, with the stock loss, gradients and output fields."""
+    stock = hf_families.build(model_type)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    entry = head_entry(fused)
+    assert entry.swapped and variant in entry.detail, fused.fused_ops_report
+    ids = hf_families.batch(stock)
+    assert_same_step(stock, fused, input_ids=ids, labels=ids, num_items_in_batch=13, output_hidden_states=True)
+    want, got = (model(input_ids=ids, labels=ids, output_hidden_states=True) for model in (stock, fused))
+    assert [key for key in got.keys() if key != "loss"] == [key for key in want.keys() if key not in ("loss", "logits")]
+
+
 def test_the_probe_forward_leaves_the_model_as_it_was():
     """BigBird switches its block-sparse attention to full attention, for good, when called on a short
     sequence: fuse()'s probe forward must not leave the model switched."""
