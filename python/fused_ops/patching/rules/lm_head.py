@@ -44,7 +44,7 @@ def _causal_lm_forward(base, options):
                             else None)
     signature = inspect.signature(innermost(stock))
     fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS
-              and (field.name != "cross_attentions" or options["cross_attentions"])]
+              and (field.name != "cross_attentions" or options.get("cross_attentions", True))]
 
     def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
         """The causal LM's loss of the head over `hidden_states`, without the logits."""
@@ -181,16 +181,16 @@ class LMHeadLossRule(Rule):
         if module.lm_head.bias is not None:
             scales = [1.0]  # a scale taken on the rows would scale the bias too
         router_loss = _has_router_loss(module)
-        # Whether the base model is handed the forward's keyword arguments (GPT-J's is not), the labels
-        # (image-text models) and `output_router_logits` (most MoE families; Granite's MoE reads it from its
-        # config) is what the probe proves.
-        # Whether the output's cross-attentions come from the base model's, or stay empty as Bloom's,
-        # Falcon's and MPT's forwards leave them.
-        cross_attentions = (True, False) if "cross_attentions" in {f.name for f in dataclasses.fields(output)} else (True,)
-        return [(("base", base_model_name(module)), ("cross_attentions", cross), ("kwargs_to_base", kwargs),
+        # What the probe proves: whether the base model is handed the forward's keyword arguments (GPT-J's
+        # is not), the labels (image-text models) and `output_router_logits` (most MoE families; Granite's MoE
+        # reads it from its config), and whether an output's cross-attentions come from the base model or
+        # stay empty (Bloom, Falcon, MPT).
+        crosses = ([(("cross_attentions", True),), (("cross_attentions", False),)]
+                   if "cross_attentions" in {field.name for field in dataclasses.fields(output)} else [()])
+        return [(("base", base_model_name(module)),) + cross + (("kwargs_to_base", kwargs),
                  ("labels_to_base", labels), ("logit_scale", scale), ("output_class", type(output)),
                  ("router_loss", router_loss), ("router_to_base", router), ("softcap", softcap))
-                for cross in cross_attentions
+                for cross in crosses
                 for kwargs in (True, False)
                 for labels in (False, True)
                 for router in ((True, False) if "output_router_logits" in names else (False,))
