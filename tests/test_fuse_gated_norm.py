@@ -10,6 +10,7 @@ import fused_ops
 from conftest import TOLERANCE
 
 transformers = pytest.importorskip("transformers")
+import hf_families  # noqa: E402
 from transformers.models.mamba2.modeling_mamba2 import MambaRMSNormGated  # noqa: E402
 from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated  # noqa: E402
 
@@ -62,6 +63,8 @@ def test_mixed_dtypes_run_the_stock_forward():
     x = torch.randn(4, 64)
     gate = torch.randn(4, 64).to(torch.bfloat16)
     assert torch.equal(fused(x, gate), stock(x, gate))
+    assert hf_families.fused_op_calls(lambda: fused(x, gate)) == {}
+    assert hf_families.fused_op_calls(lambda: fused(x, gate.float())) == {"rms_norm": 1, "gated_mul": 1}
 
 
 def test_gate_then_norm_is_left_alone():
