@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "../common/dtype_dispatch.h"
+#include "../common/fast_math.h"
 
 namespace fused_ops {
 
@@ -46,47 +47,6 @@ void with_kernel_gelu_approximation(GeluApproximation approximation, int64_t row
   }
   function(approximation);
 }
-
-// On the GPU in float: the SFU's exp2 and reciprocal (a few ulp, far inside float32's test
-// tolerance) instead of the IEEE-exact library calls, which cost several times the instructions
-// and make the activation kernels compute-bound. Elsewhere the exact calls.
-template <typename T>
-FUSED_HOST_DEVICE T fast_exp(T x) {
-  return std::exp(x);
-}
-
-template <typename T>
-FUSED_HOST_DEVICE T fast_divide(T numerator, T denominator) {
-  return numerator / denominator;
-}
-
-#if defined(__CUDA_ARCH__)
-// The .ftz forms: __expf and __fdividef add a compare and two predicated multiplies each to produce
-// subnormal results, which these formulas never need (a term below 2^-126 next to 1, or a result
-// below 1e-38 whose absolute error is nil).
-__device__ __forceinline__ float exp2_approx(float x) {
-  float result;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
-  return result;
-}
-
-__device__ __forceinline__ float reciprocal_approx(float x) {
-  float result;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));
-  return result;
-}
-
-template <>
-__device__ __forceinline__ float fast_exp<float>(float x) {
-  return exp2_approx(x * 1.4426950408889634f);  // log2(e)
-}
-
-// 0 for denominators of infinity or above 2^126 (x / (1 + exp(z)) for z > 87: 0 is the limit).
-template <>
-__device__ __forceinline__ float fast_divide<float>(float numerator, float denominator) {
-  return numerator * reciprocal_approx(denominator);
-}
-#endif
 
 // Φ(x) = P(N(0, 1) ≤ x) = 0.5 (1 + erf(x / sqrt(2))), the erf GELU's gate.
 template <typename T>

@@ -1,7 +1,8 @@
 // CUDA kernel of the cross-entropy rows: one block per row of logits. A first pass keeps each thread's
-// running maximum and sum of exponentials (online softmax) and the sum of z, merged across the block;
-// a second pass writes the gradient over the logits. 16-byte vectors where the chunk buffer's rows
-// allow them (launch_plan.h pads the rows so they always do), element by element for the rest.
+// running maximum and sum of exponentials (online softmax, the maximum moved at most once per vector)
+// and the sum of z, merged across the block; a second pass writes the gradient over the logits. 16-byte
+// vectors where the chunk buffer's rows allow them (launch_plan.h pads the rows so they always do),
+// element by element for the rest.
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
@@ -15,6 +16,7 @@
 
 #include "../common/cuda_block_merge.cuh"
 #include "../common/cuda_launch.cuh"
+#include "../common/fast_math.h"
 #include "../common/vector.cuh"
 #include "launch_plan.h"
 #include "linear_cross_entropy.h"
@@ -24,6 +26,23 @@ namespace cuda {
 namespace {
 
 constexpr int kRowThreads = 512;
+
+// exp(z - shift) for one shift and many z: in float one FMA and the SFU's exp2 (fast_math.h: a few
+// ulp, where the exact call's instructions made this kernel compute-bound), the exact call in double.
+template <typename opmath_t>
+struct ShiftedExp {
+  opmath_t shift;
+  __device__ explicit ShiftedExp(opmath_t shift_by) : shift(shift_by) {}
+  __device__ __forceinline__ opmath_t operator()(opmath_t z) const { return exp(z - shift); }
+};
+
+template <>
+struct ShiftedExp<float> {
+  static constexpr float kLog2e = 1.4426950408889634f;
+  float scaled_shift;
+  __device__ explicit ShiftedExp(float shift_by) : scaled_shift(shift_by * kLog2e) {}
+  __device__ __forceinline__ float operator()(float z) const { return exp2_approx(fmaf(z, kLog2e, -scaled_shift)); }
+};
 
 // A running (maximum, sum of exp(z - maximum), sum of z).
 template <typename opmath_t>
@@ -40,6 +59,25 @@ struct SoftmaxState {
       sum_exp += exp(z - max);
     }
     sum_z += z;
+  }
+
+  // One vector's values: the maximum moves at most once, one exponential each.
+  template <bool kSumZ, int kCount>
+  __device__ __forceinline__ void add_all(const opmath_t (&z)[kCount]) {
+    opmath_t vector_max = z[0];
+#pragma unroll
+    for (int i = 1; i < kCount; ++i) vector_max = z[i] > vector_max ? z[i] : vector_max;
+    if (vector_max > max) {
+      sum_exp *= ShiftedExp<opmath_t>(vector_max)(max);
+      max = vector_max;
+    }
+    const ShiftedExp<opmath_t> exp_above_max(max);
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) sum_exp += exp_above_max(z[i]);
+    if constexpr (kSumZ) {
+#pragma unroll
+      for (int i = 0; i < kCount; ++i) sum_z += z[i];
+    }
   }
 
   __device__ __forceinline__ void merge(const SoftmaxState& other) {
@@ -64,17 +102,37 @@ struct SoftmaxState {
   }
 };
 
-template <typename scalar_t, bool kVectorized>
+// visit(vector, index) for each vector of a row, thread t taking vectors t, t + kRowThreads, ...: a
+// thread issues kRowVectorsInFlight loads (launch_plan.h) before it uses any of them, then the rest one
+// by one.
+template <int kBytes, typename scalar_t, typename Visit>
+__device__ __forceinline__ void for_each_row_vector(const scalar_t* row, int64_t vectors, Visit&& visit) {
+  constexpr int64_t kGroupStride = int64_t(kRowVectorsInFlight) * kRowThreads;
+  int64_t v = threadIdx.x;
+  for (; v + (kRowVectorsInFlight - 1) * kRowThreads < vectors; v += kGroupStride) {
+    Vec<scalar_t, kBytes> loaded[kRowVectorsInFlight];
+#pragma unroll
+    for (int u = 0; u < kRowVectorsInFlight; ++u) loaded[u] = load_vec<kBytes>(row, v + u * kRowThreads);
+#pragma unroll
+    for (int u = 0; u < kRowVectorsInFlight; ++u) visit(loaded[u], v + u * kRowThreads);
+  }
+  for (; v < vectors; v += kRowThreads) visit(load_vec<kBytes>(row, v), v);
+}
+
+// kSoftcap and kSmoothing false compile the soft cap and label smoothing out of the row (the usual
+// loss); true handles any value of them, 0 included.
+template <typename scalar_t, bool kVectorized, bool kSoftcap, bool kSmoothing>
 __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEntropyRows p) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
   constexpr int kWidth = kVectorized ? 16 / int(sizeof(scalar_t)) : 1;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  using Vector = Vec<scalar_t, kBytes>;
   const int64_t row = blockIdx.x;
   scalar_t* z = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
   const int64_t target = p.target[row];
   const opmath_t* grad_scale = static_cast<const opmath_t*>(p.grad_scale);
-  const opmath_t softcap = static_cast<opmath_t>(p.softcap);
+  const opmath_t softcap = kSoftcap ? static_cast<opmath_t>(p.softcap) : opmath_t(0);
   const int64_t vectors = kVectorized ? p.classes / kWidth : 0;
   const int64_t tail_start = vectors * kWidth;
 
@@ -87,21 +145,21 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEn
     return;
   }
 
+  auto capped = [&](opmath_t raw) { return kSoftcap ? soft_capped(raw, softcap) : raw; };
   SoftmaxState<opmath_t> state;
-  for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
+  for_each_row_vector<kBytes>(z, vectors, [&](const Vector& vector, int64_t) {
     opmath_t values[kWidth];
-    unpack_vec(load_vec<kBytes>(z, v), values);
+    unpack_vec(vector, values);
 #pragma unroll
-    for (int i = 0; i < kWidth; ++i) state.add(soft_capped(values[i], softcap));
-  }
-  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
-    state.add(soft_capped(static_cast<opmath_t>(z[j]), softcap));
-  }
+    for (int i = 0; i < kWidth; ++i) values[i] = capped(values[i]);
+    state.template add_all<kSmoothing>(values);
+  });
+  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) state.add(capped(static_cast<opmath_t>(z[j])));
   state = block_merged<kRowThreads>(state);
   const opmath_t log_sum_exp = state.max + log(state.sum_exp);
-  const opmath_t smoothing = static_cast<opmath_t>(p.label_smoothing);
+  const opmath_t smoothing = kSmoothing ? static_cast<opmath_t>(p.label_smoothing) : opmath_t(0);
   const opmath_t classes = static_cast<opmath_t>(p.classes);
-  const opmath_t z_target = soft_capped(static_cast<opmath_t>(z[target]), softcap);
+  const opmath_t z_target = capped(static_cast<opmath_t>(z[target]));
   if (threadIdx.x == 0) {
     static_cast<opmath_t*>(p.loss)[row] = log_sum_exp - (1 - smoothing) * z_target - smoothing * state.sum_z / classes;
   }
@@ -110,20 +168,27 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEn
   __syncthreads();
   const opmath_t scale = grad_scale[row * p.grad_scale_stride];
   const opmath_t uniform = smoothing / classes;
-  auto gradient = [&](opmath_t raw, int64_t j) {
-    const opmath_t capped = soft_capped(raw, softcap);
-    const opmath_t g = exp(capped - log_sum_exp) - uniform - (j == target ? 1 - smoothing : opmath_t(0));
-    return g * soft_cap_slope(capped, softcap) * scale;
+  const opmath_t target_weight = 1 - smoothing;
+  const ShiftedExp<opmath_t> probability(log_sum_exp);
+  auto gradient = [&](opmath_t raw, bool is_target) {
+    const opmath_t z_capped = capped(raw);
+    opmath_t g = probability(z_capped) - (is_target ? target_weight : opmath_t(0));
+    if constexpr (kSmoothing) g -= uniform;
+    if constexpr (kSoftcap) g *= soft_cap_slope(z_capped, softcap);
+    return g * scale;
   };
-  for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
+  for_each_row_vector<kBytes>(z, vectors, [&](const Vector& vector, int64_t index) {
     opmath_t values[kWidth];
-    unpack_vec(load_vec<kBytes>(z, v), values);
+    unpack_vec(vector, values);
+    // The target's place in this vector, if it is there: one 64-bit comparison per vector.
+    const int64_t offset = target - index * kWidth;
+    const int target_place = offset >= 0 && offset < kWidth ? static_cast<int>(offset) : -1;
 #pragma unroll
-    for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], v * kWidth + i);
-    store_vec<kBytes>(z, v, pack_vec<scalar_t, kBytes>(values));
-  }
+    for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], i == target_place);
+    store_vec<kBytes>(z, index, pack_vec<scalar_t, kBytes>(values));
+  });
   for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
-    z[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(z[j]), j));
+    z[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(z[j]), j == target));
   }
 }
 
@@ -132,7 +197,14 @@ void cross_entropy_rows_cuda(const CrossEntropyRows& p, at::ScalarType dtype) {
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_cross_entropy_cuda", [&] {
     const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
-    auto kernel = vectorized ? cross_entropy_rows_kernel<scalar_t, true> : cross_entropy_rows_kernel<scalar_t, false>;
+    const bool softcap = p.softcap > 0;
+    const bool smoothing = p.label_smoothing > 0;
+    // The chunk buffer is always vectorized (launch_plan.h pads its rows); other rows take the general kernel.
+    auto kernel = !vectorized            ? cross_entropy_rows_kernel<scalar_t, false, true, true>
+                  : softcap && smoothing ? cross_entropy_rows_kernel<scalar_t, true, true, true>
+                  : softcap              ? cross_entropy_rows_kernel<scalar_t, true, true, false>
+                  : smoothing            ? cross_entropy_rows_kernel<scalar_t, true, false, true>
+                                         : cross_entropy_rows_kernel<scalar_t, true, false, false>;
     // Chunks hold far fewer than 2^31 rows (launch_plan.h), one block each.
     launch_kernel(kernel, static_cast<unsigned int>(p.rows), kRowThreads, 0, stream, p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

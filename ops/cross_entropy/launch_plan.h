@@ -1,7 +1,8 @@
 #pragma once
-// The cross-entropy family's one tuned choice: how many rows of logits a chunk holds. Larger chunks
-// keep the products efficient and add the weight gradient's read-modify-write (V x H per chunk) fewer
-// times; smaller ones hold less memory. docs/design.md gives the figures.
+// The cross-entropy family's tuned choices: how many rows of logits a chunk holds (larger chunks keep
+// the products efficient and add the weight gradient's read-modify-write, V x H per chunk, fewer times;
+// smaller ones hold less memory) and how many loads of a row a thread of the row kernel keeps in
+// flight. docs/design.md gives the figures.
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -23,6 +24,9 @@ constexpr int64_t kMemoryNeverBinding = 8 * kLargestChunkBytes;
 // split-K; smaller chunks hold whole multiples of 64 rows.
 constexpr int64_t kChunkRowMultiple = 512;
 constexpr int64_t kSmallChunkRowMultiple = 64;
+
+// The row kernel's 16-byte loads that a thread issues before it uses any of them.
+constexpr int kRowVectorsInFlight = 8;
 
 // Row stride of the chunk buffer in elements: whole 16-byte vectors, so every row starts aligned.
 inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
