@@ -57,7 +57,7 @@ def test_values_and_gradients(device, dtype, shape, reduction):
     check(x, weight, target, bias, dtype, reduction)
 
 
-# 29 classes fit in one vector pass of a row; 50257 also take the CUDA kernel's batched loads and a tail.
+# 29 classes take the CUDA row kernel's single loads and element tail only; 50257 also its batched loads.
 @pytest.mark.parametrize("classes", [29, 50257])
 @pytest.mark.parametrize("label_smoothing, softcap", [(0.1, 0.0), (0.0, 5.0), (0.3, 2.0), (1.0, 0.0)])
 @pytest.mark.parametrize("reduction", REDUCTIONS)

@@ -35,7 +35,6 @@ FUSED_HOST_DEVICE float exp2_approx(float x) {
 }
 
 #if defined(__CUDA_ARCH__)
-
 __device__ __forceinline__ float reciprocal_approx(float x) {
   float result;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(result) : "f"(x));

@@ -154,7 +154,9 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_rows_kernel(CrossEn
     for (int i = 0; i < kWidth; ++i) values[i] = capped(values[i]);
     state.template add_all<kSmoothing>(values);
   });
-  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) state.add(capped(static_cast<opmath_t>(z[j])));
+  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
+    state.add(capped(static_cast<opmath_t>(z[j])));
+  }
   state = block_merged<kRowThreads>(state);
   const opmath_t log_sum_exp = state.max + log(state.sum_exp);
   const opmath_t smoothing = kSmoothing ? static_cast<opmath_t>(p.label_smoothing) : opmath_t(0);
