@@ -28,8 +28,8 @@ logger = logging.getLogger("fused_ops")
 
 # The order matters once: residual_norm builds on the norms proven before it.
 _RULES = [(GatedMLPRule(), "mlp"), (ExpertsGateRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"),
-          (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (GatedNormRule(), "norms"), (ResidualNormRule(), "residual_norms"),
-          (CausalMaskRule(), "causal_mask")]
+          (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (GatedNormRule(), "norms"),
+          (ResidualNormRule(), "residual_norms"), (CausalMaskRule(), "causal_mask")]
 
 
 class _Context:

@@ -38,7 +38,8 @@ EXPECTED_FUSIONS = {
     "gptj": frozenset({"norm", "bias_gelu", "rotary", "lm_head_loss", "causal_mask"}),
     "codegen": frozenset({"norm", "bias_gelu", "rotary", "lm_head_loss", "causal_mask"}),
     # Heads whose output class has cross-attentions that their forward leaves empty.
-    "bloom": frozenset({"norm", "lm_head_loss", "causal_mask"}), "mpt": frozenset({"norm", "lm_head_loss", "causal_mask"}),
+    "bloom": frozenset({"norm", "lm_head_loss", "causal_mask"}),
+    "mpt": frozenset({"norm", "lm_head_loss", "causal_mask"}),
     "falcon": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
     # Image-text models: their language model's parts, and their vision tower's norms.
     "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
