@@ -195,3 +195,83 @@ def test_image_text_model_trains_on_an_image_with_its_vision_tower_fused(model_t
     assert any(parameter.grad is not None for parameter in stock.model.visual.parameters())
     vision_calls = hf_families.fused_op_calls(lambda: fused.model.visual(patches, grid_thw=grid))
     assert sum(vision_calls.get(op, 0) for op in ("rms_norm", "layer_norm")) > 0, vision_calls
+
+
+def _one(self, a, b=2, *, c=3, **kwargs):
+    pass
+
+
+def _two(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+    pass
+
+
+def _three(self, a, /, b=1, *rest, d, e=5):
+    pass
+
+
+def _four(self, x, y=0):
+    pass
+
+
+@pytest.mark.parametrize("function", [_one, _two, _three, _four])
+@pytest.mark.parametrize("defaults", [True, False])
+def test_call_signature_binds_as_inspect_does(function, defaults):
+    """The fused forwards bind their arguments without inspect (which torch.compile cannot trace after a
+    dict changed): the same names, values, order and **kwargs as inspect.Signature.bind, and TypeError for
+    the calls it refuses."""
+    import inspect
+
+    from fused_ops.patching.swap import CallSignature
+
+    signature = inspect.signature(function)
+    calls = [((0,), {}), ((0, 1), {}), ((0, 1, 2), {}), ((0,), {"a": 1}), ((0, 1), {"b": 3}),
+             ((0,), {"c": 9, "z": 1}), ((0, 1, 2, 3), {"d": 4}), ((0, 1), {"d": 4, "a": 7}),
+             ((0,), {"labels": 5, "extra": 6}), ((0,), {"y": 1, "x": 2}), ((0, 1), {"a": 1}), ((0,), {"q": 1}),
+             ((), {}), ((0, 1, 2, 3, 4, 5), {})]
+    for args, kwargs in calls:
+        try:
+            bound = signature.bind(*args, **kwargs) if defaults else signature.bind_partial(*args, **kwargs)
+        except TypeError:
+            with pytest.raises(TypeError):
+                CallSignature(signature).bind(args, kwargs, defaults)
+            continue
+        if defaults:
+            bound.apply_defaults()
+        want = dict(bound.arguments)
+        want.pop("self", None)
+        var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+        want_more = want.pop(var_keyword, {}) if var_keyword else {}
+        named, more = CallSignature(signature).bind(args, kwargs, defaults)
+        assert list(named.items()) == list(want.items()) and more == want_more, (args, kwargs)
+
+
+# A family of each shape the rules know, and Mistral 3, whose head's decorators fill keyword arguments
+# from the config before the fused forward binds them.
+COMPILED_FAMILIES = ["llama", "gemma2", "phi3", "glm4", "cohere", "nemotron", "gpt2", "gptj", "mistral3",
+                     "qwen2_5_vl", "gemma4_text", "falcon_h1"]
+
+
+@pytest.mark.parametrize("model_type", [pytest.param(t, marks=pytest.mark.slow) if t not in ("llama", "mistral3")
+                                        else t for t in COMPILED_FAMILIES])
+def test_fused_model_compiles_whole_and_matches_the_stock_model(model_type):
+    """torch.compile(fullgraph=True) of the fused model: one graph, the stock eager loss and gradients."""
+    from test_fuse_families import assert_close_relative, stock_and_fused, training_step
+
+    stock, fused = stock_and_fused(model_type)
+    ids = hf_families.batch(stock)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    want_loss, want_grads = training_step(stock, ids, labels)
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)
+    for _ in range(2):  # the second call runs the compiled graph again
+        fused.zero_grad(set_to_none=True)
+        torch.manual_seed(5)
+        loss = compiled(input_ids=ids, labels=labels).loss
+        loss.backward()
+        assert_close_relative(loss.detach(), want_loss, 1e-4, f"{model_type} loss")
+        for name, parameter in fused.named_parameters():
+            if want_grads[name] is None:
+                assert parameter.grad is None, name
+            else:
+                assert_close_relative(parameter.grad, want_grads[name], 1e-3, f"{model_type} gradient of {name}")

@@ -5,9 +5,10 @@ Attributes, parameters, hooks and isinstance checks stay as they were; nothing p
 fused class is named by (its base class, the kind of fusion, the options), which is also how it pickles:
 `torch.save`, `copy.deepcopy` and `pickle` store that triple and rebuild the same class on load.
 """
+import inspect
+import itertools
 import sys
 import types
-import itertools
 from typing import Callable, Dict, Tuple
 
 import torch
@@ -94,17 +95,51 @@ def innermost(function):
     return function
 
 
-def bound_call(signature, args, kwargs, defaults=True):
-    """A method call's arguments by `signature`'s names, its first (self) dropped: (the named ones, with the
-    signature's defaults where `defaults`; the keyword arguments its **kwargs collects). Positional
-    arguments keep the meaning they have for the stock forward."""
-    bound = signature.bind(*args, **kwargs) if defaults else signature.bind_partial(*args, **kwargs)
-    if defaults:
-        bound.apply_defaults()
-    named = dict(bound.arguments)
-    named.pop(next(iter(signature.parameters)), None)
-    more = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
-    return named, dict(named.pop(more, {}) if more else {})
+class CallSignature:
+    """A function's signature as plain names, binding a call's arguments as inspect.Signature.bind does, in
+    code torch.compile traces whole: inspect's binding reads mapping proxies, which Dynamo refuses once the
+    traced code has changed a dict (transformers' decorators fill keyword arguments from the config)."""
+
+    def __init__(self, signature: inspect.Signature):
+        parameters = list(signature.parameters.values())
+        kind = inspect.Parameter
+        self.order = tuple(p.name for p in parameters)
+        self.first = self.order[0] if self.order else None
+        self.positional = tuple(p.name for p in parameters
+                                if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD))
+        self.positional_only = frozenset(p.name for p in parameters if p.kind is kind.POSITIONAL_ONLY)
+        self.keyword_only = tuple(p.name for p in parameters if p.kind is kind.KEYWORD_ONLY)
+        self.var_positional = next((p.name for p in parameters if p.kind is kind.VAR_POSITIONAL), None)
+        self.var_keyword = next((p.name for p in parameters if p.kind is kind.VAR_KEYWORD), None)
+        self.defaults = {p.name: p.default for p in parameters if p.default is not kind.empty}
+
+    def bind(self, args, kwargs, defaults=True):
+        """A method call's arguments, its first (self) dropped: (the named ones in the signature's order, with
+        its defaults where `defaults`; the keyword arguments its **kwargs collects). Positional arguments
+        keep the meaning they have for the stock forward; a call the signature does not accept raises
+        TypeError, as the stock forward would."""
+        if len(args) > len(self.positional) and self.var_positional is None:
+            raise TypeError(f"too many positional arguments: {len(args)}, at most {len(self.positional)}")
+        named = dict(zip(self.positional, args))
+        more = {}
+        for name, value in kwargs.items():
+            if name in self.positional_only or (name not in self.positional and name not in self.keyword_only):
+                if self.var_keyword is None:
+                    raise TypeError(f"got an unexpected keyword argument {name!r}")
+                more[name] = value
+            elif name in named:
+                raise TypeError(f"multiple values for argument {name!r}")
+            else:
+                named[name] = value
+        if self.var_positional is not None and (defaults or len(args) > len(self.positional)):
+            named[self.var_positional] = tuple(args[len(self.positional):])
+        if defaults:
+            for name in self.positional + self.keyword_only:
+                if name not in named:
+                    if name not in self.defaults:
+                        raise TypeError(f"missing a required argument: {name!r}")
+                    named[name] = self.defaults[name]
+        return {name: named[name] for name in self.order if name in named and name != self.first}, more
 
 
 def rewrapped(function, replace_innermost):

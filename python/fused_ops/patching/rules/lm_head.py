@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ... import _ops
 from .. import probe
-from ..swap import as_autocast_runs_linear, bound_call, forward_builder, innermost, is_plain_linear, rewrapped
+from ..swap import CallSignature, as_autocast_runs_linear, forward_builder, innermost, is_plain_linear, rewrapped
 from . import LeftAlone, Rule
 
 # The arguments the probe gives every candidate; any other named argument of a forward is handed to the
@@ -42,7 +42,7 @@ def _causal_lm_forward(base, options):
     base_name, kwargs_to_base = options["base"], options["kwargs_to_base"]
     router_loss_function = (innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"]
                             else None)
-    signature = inspect.signature(innermost(stock))
+    signature = CallSignature(inspect.signature(innermost(stock)))
     fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS
               and (field.name != "cross_attentions" or options.get("cross_attentions", True))]
 
@@ -64,7 +64,7 @@ def _causal_lm_forward(base, options):
         return loss
 
     def forward(self, *args, **kwargs):
-        arguments, extra = bound_call(signature, (self, *args), kwargs)
+        arguments, extra = signature.bind((self, *args), kwargs)
         labels, shift_labels = arguments.pop("labels"), extra.get("shift_labels")
         router_logits_wanted = arguments.pop("output_router_logits", None)
         if router_logits_wanted is None:
@@ -122,14 +122,14 @@ class _HiddenStates(torch.nn.Module):
         self.hidden = torch.nn.Parameter(hidden)
         self.router_logits = torch.nn.ParameterList(router_logits)
         self.output_class = output_class
-        self.signature = inspect.signature(innermost(type(base).forward))
+        self.signature = CallSignature(inspect.signature(innermost(type(base).forward)))
         for name, value in vars(base).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and not name.startswith("_"):
                 setattr(self, name, value)
 
     def forward(self, *args, **kwargs):
         # By the real base model's parameter names: input_ids handed by position or by name is the same.
-        named, more = bound_call(self.signature, (None, *args), kwargs, defaults=False)
+        named, more = self.signature.bind((None, *args), kwargs, defaults=False)
         handed = [_marker(name, value) for name, value in {**named, **more}.items() if name != "return_dict"]
         hidden = self.hidden + sum(handed) / 4
         fields = {}

@@ -14,7 +14,7 @@ import inspect
 import torch
 
 from ... import _ops
-from ..swap import bound_call, forward_builder, fused_kind, innermost
+from ..swap import CallSignature, forward_builder, fused_kind, innermost
 from . import LeftAlone, Rule
 
 # layer: (its children, the norm after the attention, the norm after the first add, the norm after the MLP)
@@ -73,12 +73,12 @@ def _decoder_layer_forward(base, options):
             hidden_states = getattr(self, post_mlp)(hidden_states)
         return residual + hidden_states
 
-    signature = inspect.signature(innermost(stock))
+    signature = CallSignature(inspect.signature(innermost(stock)))
 
     def forward(self, *args, **kwargs):
         # Bound to the stock layer's own signature (one of _SIGNATURES): positional arguments keep their
         # meaning, and the defaults are the stock ones.
-        arguments, more = bound_call(signature, (self, *args), kwargs)
+        arguments, more = signature.bind((self, *args), kwargs)
         hidden_states = arguments.pop("hidden_states")
         return layer(self, hidden_states, {**arguments, **more})
     return forward
