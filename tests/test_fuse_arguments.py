@@ -251,8 +251,7 @@ COMPILED_FAMILIES = ["llama", "gemma2", "phi3", "glm4", "cohere", "nemotron", "g
                      "qwen2_5_vl", "gemma4_text", "falcon_h1"]
 
 
-@pytest.mark.parametrize("model_type", [pytest.param(t, marks=pytest.mark.slow) if t not in ("llama", "mistral3")
-                                        else t for t in COMPILED_FAMILIES])
+@pytest.mark.parametrize("model_type", COMPILED_FAMILIES)
 def test_fused_model_compiles_whole_and_matches_the_stock_model(model_type):
     """torch.compile(fullgraph=True) of the fused model: one graph, the stock eager loss and gradients."""
     from test_fuse_families import assert_close_relative, stock_and_fused, training_step
