@@ -245,10 +245,10 @@ def test_call_signature_binds_as_inspect_does(function, defaults):
         assert list(named.items()) == list(want.items()) and more == want_more, (args, kwargs)
 
 
-# A family of each shape the rules know, and Mistral 3, whose head's decorators fill keyword arguments
-# from the config before the fused forward binds them.
+# A family of each shape the rules know, and Mistral 3 and LLaVA-NeXT, whose heads' decorators fill keyword
+# arguments from the config before the fused forward binds them.
 COMPILED_FAMILIES = ["llama", "gemma2", "phi3", "glm4", "cohere", "nemotron", "gpt2", "gptj", "mistral3",
-                     "qwen2_5_vl", "gemma4_text", "falcon_h1"]
+                     "llava_next", "qwen2_5_vl", "gemma4_text", "falcon_h1"]
 
 
 @pytest.mark.parametrize("model_type", COMPILED_FAMILIES)
