@@ -41,3 +41,10 @@ def check_takes_one_input(module):
     if len(parameters) != 1 or parameters[0].kind not in (parameters[0].POSITIONAL_ONLY,
                                                          parameters[0].POSITIONAL_OR_KEYWORD):
         raise LeftAlone(f"its forward takes more than one input: {[p.name for p in parameters]}")
+
+
+def exporting():
+    """Whether torch.export traces: torch.compiler.is_exporting() also answers True while torch.compile
+    traces in torch 2.11, and the flag that torch.export sets is exact in every version."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)

@@ -7,19 +7,12 @@ import inspect
 import torch
 
 from ..swap import forward_builder, innermost, with_global
-from . import LeftAlone, Rule
+from . import LeftAlone, Rule, exporting
 
 # create_causal_mask's arguments that do not change the mask from the plain causal one when None (or,
 # for allow_is_causal_skip, True); any other argument given keeps transformers' mask.
 _PLAIN_MASK_ARGUMENTS = {"config", "inputs_embeds", "input_embeds", "attention_mask", "past_key_values",
                          "position_ids", "cache_position", "layer_idx", "allow_is_causal_skip"}
-
-
-def _exporting():
-    """Whether torch.export traces: torch.compiler.is_exporting() also answers True while torch.compile
-    traces in torch 2.11, and the flag that torch.export sets is exact in every version."""
-    flag = getattr(torch.compiler, "_is_exporting_flag", None)
-    return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 class PlainCausalMask:
@@ -36,7 +29,7 @@ class PlainCausalMask:
         plain = (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
                  and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
                  and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                 and not _exporting())
+                 and not exporting())
         return None if plain else self.create_causal_mask(*args, **kwargs)
 
 

@@ -8,14 +8,19 @@ layer is one of these shapes (the norm after the first add is `add_norm`):
              each add (in their places: the same random numbers in the same order)
 The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is; the layer's
 forward takes Llama's arguments, Gemma's or Qwen3-VL's. The probe proves the variant, and that the layer
-computes what its own forward does."""
+computes what its own forward does.
+
+Under torch.compile the two norms' outputs, which the projections after them would save for their
+weight gradients, are recomputed in the backward from the residual stream the backward keeps anyway: two
+fewer hidden-size tensors a layer, the same values."""
 import inspect
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ... import _ops
 from ..swap import CallSignature, forward_builder, fused_kind, innermost
-from . import LeftAlone, Rule
+from . import LeftAlone, Rule, exporting
 
 # layer: (its children, the norm after the attention, the norm after the first add, the norm after the MLP)
 _LAYERS = {
@@ -50,6 +55,23 @@ def _add_norm(x, residual, norm, options):
                                offset=options["offset"])
 
 
+def _plain_fused_norm(module):
+    """A norm the norm rule fused, with no hooks: one op, nothing else to run again."""
+    return fused_kind(module) == "norm" and not module._forward_hooks and not module._forward_pre_hooks
+
+
+def _recomputed_in_backward(layer, function, *args):
+    """function(*args), its output recomputed in the backward where torch.compile traces a training forward:
+    a checkpointed region there tags its ops for recomputation, so the partitioner keeps the region's
+    inputs (the residual stream, which the norm's own backward reads) instead of its output. Eager autograd
+    cannot drop a tensor another op saves, a layer under gradient checkpointing saves none, and an exported
+    program has no backward: there it is a plain call."""
+    if (not torch.compiler.is_compiling() or not torch.is_grad_enabled() or exporting()
+            or (layer.training and getattr(layer, "gradient_checkpointing", False))):
+        return function(*args)
+    return checkpoint(function, *args, use_reentrant=False)
+
+
 @forward_builder("residual_norm")
 def _decoder_layer_forward(base, options):
     stock = base.forward
@@ -58,14 +80,18 @@ def _decoder_layer_forward(base, options):
 
     def layer(self, hidden_states, attention_arguments):
         norm = getattr(self, add_norm)
-        if fused_kind(norm) != "norm" or norm._forward_hooks or norm._forward_pre_hooks:
+        if not _plain_fused_norm(norm):
             return stock(self, hidden_states, **attention_arguments)
         residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
+        if _plain_fused_norm(self.input_layernorm):
+            hidden_states = _recomputed_in_backward(self, self.input_layernorm, hidden_states)
+        else:
+            hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_arguments)
         if post_attention:
             hidden_states = getattr(self, post_attention)(hidden_states)
-        hidden_states, residual = _add_norm(hidden_states, residual, norm, options)
+        hidden_states, residual = _recomputed_in_backward(
+            self, lambda x, r: _add_norm(x, r, norm, options), hidden_states, residual)
         hidden_states = self.mlp(hidden_states)
         if first_of_tuple:
             hidden_states = hidden_states[0]
