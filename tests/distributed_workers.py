@@ -368,7 +368,7 @@ def training_step_matches_one_process(device, mesh_shape, compile_backend):
 
 # ---- a fused Hugging Face model under FSDP2
 
-def fused_hugging_face_model_under_fsdp2(device):
+def fused_hugging_face_model_under_fsdp2(device, compile_backend=None):
     """A tiny Llama after fused_ops.fuse(), fully_shard per decoder layer and at the root, over the
     processes' halves of a batch: the loss, every gradient and the loss after one optimizer step against
     the stock model on the whole batch in this process. The step is SGD with momentum (its state is
@@ -390,6 +390,8 @@ def fused_hugging_face_model_under_fsdp2(device):
     assert model.fused_ops_report.counts()["gated_mlp"] == 2
     for layer in model.model.layers:
         fully_shard(layer)
+        if compile_backend is not None:  # each sharded layer compiled, its norms recomputed in the backward
+            layer.compile(backend=compile_backend, fullgraph=True)
     fully_shard(model)
     optimizers = [torch.optim.SGD(m.parameters(), lr=1e-1, momentum=0.9) for m in (reference, model)]
     tokens = torch.randint(0, 101, (4, 12), generator=torch.Generator().manual_seed(1)).to(device)

@@ -86,7 +86,8 @@ CHECKS = {
         ("silu_mul_linear_on_dtensors", ()),
         ("norm_weight_forms_on_dtensors", ()),
         ("relu_add_backward_on_dtensors", ())]
-       + ([("fused_hugging_face_model_under_fsdp2", ())] if importlib.util.find_spec("transformers") else []),
+       + ([("fused_hugging_face_model_under_fsdp2", (None,)), ("fused_hugging_face_model_under_fsdp2", ("aot_eager",))]
+          if importlib.util.find_spec("transformers") else []),
     4: [("ops_on_dtensors", ((2, 2), ROW_OPS)),
         ("training_step_matches_one_process", ((2, 2), None)),
         ("training_step_matches_one_process", ((2, 2), "aot_eager"))],
@@ -179,6 +180,7 @@ def test_rules_load_with_dtensor_only(order):
 
 
 @pytest.mark.parametrize("device", devices(2))
-def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(run_check, device):
+@pytest.mark.parametrize("compile_backend", [None, "aot_eager"], ids=["eager", "compiled"])
+def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(run_check, device, compile_backend):
     pytest.importorskip("transformers")
-    run_check(2, device, "fused_hugging_face_model_under_fsdp2")
+    run_check(2, device, "fused_hugging_face_model_under_fsdp2", compile_backend)

@@ -116,3 +116,22 @@ def test_gradient_checkpointing_and_export_keep_the_plain_call():
     finally:
         residual_norm.checkpoint = real_checkpoint
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "phi3"])
+def test_dynamic_shapes_compile_with_the_regions_and_match_the_stock_model(model_type):
+    """torch.compile(dynamic=True): every size and float symbolic, three sequence lengths through one graph;
+    the regions trace (their floats are read outside them) and give the stock eager loss and gradients."""
+    from test_fuse_families import assert_close_relative
+    stock = build(model_type)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True, dynamic=True)
+    for length in (10, 13, 7):
+        ids = torch.randint(0, 100, (2, length), generator=torch.Generator().manual_seed(length))
+        _, want_loss, want_gradients = saved_bytes_and_step(stock, stock, ids)
+        _, loss, gradients = saved_bytes_and_step(fused, compiled, ids)
+        assert_close_relative(loss, want_loss, 1e-5, f"{model_type} loss at {length} tokens")
+        for name, want in want_gradients.items():
+            assert_close_relative(gradients[name], want, 1e-4, f"{model_type} gradient of {name} at {length} tokens")
+    torch._dynamo.reset()

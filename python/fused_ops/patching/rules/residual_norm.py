@@ -42,17 +42,25 @@ _SIGNATURES = {
 }
 
 
-def _add_norm(x, residual, norm, options):
+def _norm_op(norm, add):
+    """The fused op a fused norm module runs, with the residual add before it or not, and the op's arguments
+    after its input(s). They are read here, outside the recomputed region: torch.compile(dynamic=True)
+    makes a float read inside one region an input of that region alone, which the next cannot use."""
+    options = dict(type(norm)._fused_ops_options)
+    weight, eps, offset = getattr(norm, "weight", None), options["eps"], options["offset"]
+    if options["function"] == "rms_norm":
+        return (_ops._add_rms_norm if add else _ops._rms_norm), (weight, eps, offset)
+    return (_ops._add_layer_norm if add else _ops._layer_norm), (weight, getattr(norm, "bias", None), eps, offset)
+
+
+def _add_norm(x, residual, norm, layer):
     """(norm(x + residual), x + residual) in one op, x and residual first brought to one dtype as the stock
     add promotes them (autocast gives the attention's output its own dtype)."""
     if x.dtype != residual.dtype:
         common = torch.promote_types(x.dtype, residual.dtype)
         x, residual = x.to(common), residual.to(common)
-    weight = getattr(norm, "weight", None)
-    if options["function"] == "rms_norm":
-        return _ops.add_rms_norm(x, residual, weight, options["eps"], offset=options["offset"])
-    return _ops.add_layer_norm(x, residual, weight, getattr(norm, "bias", None), options["eps"],
-                               offset=options["offset"])
+    op, arguments = _norm_op(norm, add=True)
+    return _recomputed_in_backward(layer, op, x, residual, *arguments)
 
 
 def _plain_fused_norm(module):
@@ -84,14 +92,14 @@ def _decoder_layer_forward(base, options):
             return stock(self, hidden_states, **attention_arguments)
         residual = hidden_states
         if _plain_fused_norm(self.input_layernorm):
-            hidden_states = _recomputed_in_backward(self, self.input_layernorm, hidden_states)
+            op, arguments = _norm_op(self.input_layernorm, add=False)
+            hidden_states = _recomputed_in_backward(self, op, hidden_states, *arguments)
         else:
             hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_arguments)
         if post_attention:
             hidden_states = getattr(self, post_attention)(hidden_states)
-        hidden_states, residual = _recomputed_in_backward(
-            self, lambda x, r: _add_norm(x, r, norm, options), hidden_states, residual)
+        hidden_states, residual = _add_norm(hidden_states, residual, norm, self)
         hidden_states = self.mlp(hidden_states)
         if first_of_tuple:
             hidden_states = hidden_states[0]
