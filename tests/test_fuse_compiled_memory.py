@@ -13,6 +13,17 @@ from fused_ops.patching.swap import fused_kind
 transformers = pytest.importorskip("transformers")
 import hf_families  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One thread per op: the experts' backward adds in a different order from run to run on more, and
+    this file compares gradients to the bit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # A family of each layer shape the residual + norm rule knows, with RMSNorm, LayerNorm1P and MoE MLPs.
 FAMILIES = ["llama", "qwen3", "gemma3_text", "phi3", "glm4", "mixtral", "nemotron"]
 

@@ -144,9 +144,8 @@ class ResidualNormRule(Rule):
         norm = getattr(module, add_norm)
         if fused_kind(norm) != "norm":
             raise LeftAlone(f"its {add_norm} is not a proven norm")
-        options = dict(type(norm)._fused_ops_options)
-        return [(("eps", options["eps"]), ("function", options["function"]), ("layer", layer),
-                 ("mlp_output", output), ("offset", options["offset"]), ("signature", signature))
+        # The norms' op, epsilon and offset are their own fused classes' (_norm_op), read at each call.
+        return [(("layer", layer), ("mlp_output", output), ("signature", signature))
                 for output in ("tensor", "first_of_tuple")]
 
     def inputs(self, module, context):
