@@ -203,6 +203,17 @@ def why_not_testable(model_type):
     return None
 
 
+class Logits(torch.nn.Module):
+    """A causal LM's logits from token ids alone: the module torch.export is given."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids):
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
 def batch(model, seed=1):
     vocab = model.config.get_text_config().vocab_size
     if getattr(model.config, "vision_config", None) is not None:

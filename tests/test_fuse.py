@@ -15,7 +15,7 @@ import fused_ops
 from fused_ops.patching.swap import fused_kind
 
 transformers = pytest.importorskip("transformers")
-from hf_families import assert_gradients_match_stock  # noqa: E402
+from hf_families import Logits, assert_gradients_match_stock  # noqa: E402
 
 SIZES = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              vocab_size=101, max_position_embeddings=64)
@@ -143,13 +143,6 @@ def test_exported_fused_model_keeps_the_causal_mask():
     stock, fused = stock_and_fused("llama", "cpu")
     ids = torch.randint(0, SIZES["vocab_size"], (2, 12))
 
-    class Logits(torch.nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids, use_cache=False).logits
     exported = torch.export.export(Logits(fused), (ids,))
     masks = [len(node.args) > 3 and node.args[3] is not None for node in exported.graph.nodes
              if node.target is torch.ops.aten.scaled_dot_product_attention.default]

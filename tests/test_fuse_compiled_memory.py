@@ -114,15 +114,8 @@ def test_gradient_checkpointing_and_export_keep_the_plain_call():
         for name, want in want_gradients.items():
             torch.testing.assert_close(checkpointed_gradients[name], want, rtol=1e-4, atol=1e-5, msg=name)
 
-        class Logits(torch.nn.Module):
-            def __init__(self, model):
-                super().__init__()
-                self.model = model
-
-            def forward(self, input_ids):
-                return self.model(input_ids=input_ids, use_cache=False).logits
-        exported = torch.export.export(Logits(fused), (ids,))
-        torch.testing.assert_close(exported.module()(ids), Logits(stock)(ids), rtol=1e-5, atol=1e-5)
+        exported = torch.export.export(hf_families.Logits(fused), (ids,))
+        torch.testing.assert_close(exported.module()(ids), hf_families.Logits(stock)(ids), rtol=1e-5, atol=1e-5)
         assert regions == []
     finally:
         residual_norm.checkpoint = real_checkpoint
