@@ -166,3 +166,50 @@ def test_a_stand_in_the_forward_cannot_run_leaves_the_proof_to_the_whole_module(
     probe.verify(module, fused_class(SplitByWidth, "gated_mlp", silu), rule.inputs(module, None))
     with pytest.raises(probe.Mismatch):
         probe.verify(module, fused_class(SplitByWidth, "gated_mlp", gelu_tanh), rule.inputs(module, None))
+
+
+class ClampedGateMLP(torch.nn.Module):
+    """Llama's gated MLP with gate and up clamped at 10, as DeepSeek-V4's experts clamp at swiglu_limit."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(64, 96, bias=False)
+        self.up_proj = torch.nn.Linear(64, 96, bias=False)
+        self.down_proj = torch.nn.Linear(96, 64, bias=False)
+
+    def forward(self, x):
+        gate, up = self.gate_proj(x).clamp(max=10.0), self.up_proj(x).clamp(min=-10.0, max=10.0)
+        return self.down_proj(torch.nn.functional.silu(gate) * up)
+
+
+def test_a_clamp_unit_scale_values_never_reach_is_refused_at_large_inputs():
+    from fused_ops.patching.rules.gated_mlp import GatedMLPRule
+    rule = GatedMLPRule()
+    assert rule.large_inputs
+    clamped, llama = ClampedGateMLP(), hf_families.build("llama").model.layers[0].mlp
+    silu = rule.variants(clamped, None)[0]
+    assert dict(silu)["activation"] == "silu"
+    # At unit scale the clamp is invisible: only the second, larger proof tells the two apart.
+    probe.verify(clamped, fused_class(ClampedGateMLP, "gated_mlp", silu), rule.inputs(clamped, None))
+    with pytest.raises(probe.Mismatch, match="with inputs 1000 times larger"):
+        probe.verify(clamped, fused_class(ClampedGateMLP, "gated_mlp", silu), rule.inputs(clamped, None),
+                     large_inputs=True)
+    probe.verify(llama, fused_class(type(llama), "gated_mlp", silu), rule.inputs(llama, None), large_inputs=True)
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v4", "hy_v4"])
+def test_experts_whose_gate_clamps_are_left_alone_and_the_model_stays_exact(model_type):
+    """Their experts clamp gate and up at swiglu_limit (10): with the experts' weights 200 times larger the
+    clamp acts, and the fused model still computes the stock logits."""
+    stock = hf_families.build(model_type).eval()
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    report = fused.fused_ops_report
+    assert "experts_gate" not in report.counts() and "norm" in report.counts(), report
+    ids = hf_families.batch(stock)
+    with torch.no_grad():
+        for model in (stock, fused):
+            for name, parameter in model.named_parameters():
+                if name.endswith("experts.gate_up_proj"):
+                    parameter.mul_(200)
+        want, got = stock(input_ids=ids).logits, fused(input_ids=ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())

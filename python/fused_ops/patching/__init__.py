@@ -80,8 +80,8 @@ def _prove(rule, module, context):
             if hasattr(rule, "verify"):
                 rule.verify(module, fused_cls, context)
             else:
-                probe.verify(module, fused_cls, rule.inputs(module, context),
-                             random_parameters=rule.random_parameters, select=rule.select(module, options))
+                probe.verify(module, fused_cls, rule.inputs(module, context), random_parameters=rule.random_parameters,
+                             select=rule.select(module, options), large_inputs=rule.large_inputs)
             return options
         except LeftAlone:
             raise

@@ -21,6 +21,9 @@ EXPECTED_FUSIONS = {
     "mixtral": MOE, "qwen3_moe": MOE,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
     "gpt_oss": MOE - {"experts_gate"},  # its gate is a clamped SwiGLU with a scale, not act(gate) * up
+    # Its experts clamp gate and up at swiglu_limit; its rotary is partial and interleaved, on one tensor at a
+    # time; its layers mix their residual streams (hyper-connections).
+    "deepseek_v4": frozenset({"norm", "lm_head_loss"}),
     # Gemma 3n and 4 rotate queries and keys in separate calls; their layers carry per-layer inputs.
     "gemma4_text": EXTRA_NORMS, "gemma4": EXTRA_NORMS, "gemma4_unified_text": EXTRA_NORMS,
     "gemma3n_text": EXTRA_NORMS - {"gated_mlp"},  # its MLP sparsifies the gate's activations

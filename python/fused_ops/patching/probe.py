@@ -5,7 +5,10 @@ with fresh random parameters (so weights of ones or biases of zeros hide nothing
 mode under the same random seed (so dropout must match too), in float64 on the CPU (so a wrong epsilon
 or a dropped constant shows far above rounding; in float32 where the module's own forward has no
 float64 kernel, as grouped matrix products of experts); outputs and the gradients of every input and parameter
-are compared. A second run in the module's own dtype, device and parameters checks the output dtypes.
+are compared. Rules of elementwise functions (norms, activations, gates) prove again with every floating
+input a thousand times larger: a clamp or a threshold (DeepSeek-V4's and gpt-oss's experts clamp the gate
+at 10 and 7) that unit-scale values never reach shows there. A second run in the module's own dtype,
+device and parameters checks the output dtypes.
 A mixture of experts is probed with as few experts as its routing needs and a gated MLP with a narrow
 intermediate width (`stand_in`): a rule's proof depends on neither, and 128 experts' or a 14336-wide
 MLP's random float copies and gradients would cost gigabytes and minutes of host time per probe.
@@ -33,6 +36,11 @@ _THREADED_ELEMENTS = 1 << 20
 host_threads = 1
 # Gated MLPs are probed with this intermediate width (stand_in).
 _MLP_WIDTH = 32
+# How much larger the inputs of a second proof are, for rules whose functions may clamp (verify's large_inputs).
+_LARGE_INPUT_SCALE = 1e3
+# A clamp changes values wholesale; this looser bound leaves the rounding of stock forwards that compute in
+# float32 at that scale (OLMo's LayerNorm) to the unit-scale proof's tight one.
+_LARGE_INPUT_RTOL = 1e-3
 # The names under which routers keep how many experts a token goes to.
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "experts_per_token")
 
@@ -75,6 +83,16 @@ def captured(args, kwargs) -> Inputs:
     grad_input = 0 if args else next((k for k, v in kwargs.items() if torch.is_tensor(v) and v.is_floating_point()),
                                      None)
     return Inputs(lambda dtype, device: (converted(args, dtype, device), converted(kwargs, dtype, device)), grad_input)
+
+
+def scaled(inputs: Inputs, factor: float) -> Inputs:
+    """`inputs` with every floating tensor times `factor`."""
+    if factor == 1.0:
+        return inputs
+
+    def make(dtype, device):
+        return _map_tensors(inputs.make(dtype, device), lambda t: t * factor if t.is_floating_point() else t)
+    return Inputs(make, inputs.grad_input)
 
 
 def _tensors_of(value, found):
@@ -224,7 +242,7 @@ class _RefusesFloat64(Exception):
     """The module's own forward has no float64 kernel (grouped matrix products): probe in float32."""
 
 
-def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, parameters, dtype):
+def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, parameters, dtype, rtol):
     state = {name: _random_like(name, p, dtype) for name, p in parameters.items()}
     state.update({name: b.detach().to("cpu", dtype if b.is_floating_point() else b.dtype)
                   for name, b in module.named_buffers()})
@@ -241,8 +259,8 @@ def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, pa
         # Float32 tolerances: stock forwards often compute in float32 whatever the input (Llama's
         # RMSNorm, the causal-LM loss); the probe's inputs put any epsilon or constant far above them.
         # The dtypes are compared in the module's own dtype below.
-        _compare(want, got, f"{mode} output", _PROBE_RTOL, same_dtype=False)
-        _compare(want_grads, got_grads, f"{mode} gradients", _PROBE_RTOL * 10, same_dtype=False)
+        _compare(want, got, f"{mode} output", rtol, same_dtype=False)
+        _compare(want_grads, got_grads, f"{mode} gradients", rtol * 10, same_dtype=False)
 
 
 def _experts_of(module):
@@ -370,35 +388,46 @@ def stand_in(module, inputs: Inputs):
     return subject, Inputs(make, inputs.grad_input)
 
 
-def _prove_with_random_parameters(subject, fused_cls, inputs, select, modes):
+def _prove_with_random_parameters(subject, fused_cls, inputs, select, modes, rtol=_PROBE_RTOL):
     parameters = dict(subject.named_parameters())
     elements = sum(p.numel() for p in parameters.values())
     dtypes = [torch.float64, torch.float32] if elements <= _FLOAT64_ELEMENTS else [torch.float32]
     with _threads(host_threads if elements >= _THREADED_ELEMENTS else torch.get_num_threads()):
         for dtype in dtypes:
             try:
-                _compare_with_random_parameters(subject, fused_cls, inputs, select, modes, parameters, dtype)
+                _compare_with_random_parameters(subject, fused_cls, inputs, select, modes, parameters, dtype, rtol)
                 return
             except _RefusesFloat64:
                 continue
 
 
+def _prove_at_scales(subject, fused_cls, inputs, select, modes, large_inputs):
+    _prove_with_random_parameters(subject, fused_cls, inputs, select, modes)
+    if large_inputs:
+        try:
+            _prove_with_random_parameters(subject, fused_cls, scaled(inputs, _LARGE_INPUT_SCALE), select, modes,
+                                          _LARGE_INPUT_RTOL)
+        except Mismatch as mismatch:
+            raise Mismatch(f"with inputs {_LARGE_INPUT_SCALE:g} times larger, {mismatch}") from None
+
+
 def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
-           select: Optional[Callable] = None, modes=(False, True)) -> None:
+           select: Optional[Callable] = None, modes=(False, True), large_inputs: bool = False) -> None:
     """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own forward does (see the
-    module docstring); `select` picks from an output what must match."""
+    module docstring); `select` picks from an output what must match; `large_inputs` proves it again with
+    the inputs _LARGE_INPUT_SCALE times larger."""
     select = select or (lambda output: output)
     stock_cls = type(module)
     if random_parameters:
         subject, subject_inputs = stand_in(module, inputs)
         try:
-            _prove_with_random_parameters(subject, fused_cls, subject_inputs, select, modes)
+            _prove_at_scales(subject, fused_cls, subject_inputs, select, modes, large_inputs)
         except Mismatch:
             raise
         except Exception:  # a stand-in the module's own forward cannot run: the module whole decides
             if subject is module:
                 raise
-            _prove_with_random_parameters(module, fused_cls, inputs, select, modes)
+            _prove_at_scales(module, fused_cls, inputs, select, modes, large_inputs)
     # In the module's own dtype, device and parameters: the same output dtypes and close values.
     parameter = next(module.parameters(), None)
     own_dtype = parameter.dtype if parameter is not None else torch.float32

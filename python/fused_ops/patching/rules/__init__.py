@@ -15,6 +15,7 @@ class Rule:
     description = ""
     needs_capture = False          # its probe inputs are the arguments of a call in the model's probe forward
     random_parameters = True       # probe with random parameters (False: the module's own, e.g. a whole model)
+    large_inputs = False           # prove again with inputs far above unit scale, where clamps act
 
     def candidates(self, model) -> Iterable[Tuple[str, torch.nn.Module]]:
         raise NotImplementedError

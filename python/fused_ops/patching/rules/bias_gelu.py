@@ -55,6 +55,7 @@ def _bias_gelu_forward(base, options):
 
 class BiasGELURule(Rule):
     kind = "bias_gelu"
+    large_inputs = True
     description = "projection bias + GELU -> bias_gelu"
 
     def candidates(self, model):

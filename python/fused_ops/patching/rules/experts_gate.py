@@ -23,6 +23,7 @@ def _experts_gate_methods(base, options):
 
 class ExpertsGateRule(Rule):
     kind = "experts_gate"
+    large_inputs = True
     description = "experts' gate act(gate) * up -> gated_mul (between transformers' grouped expert products)"
     needs_capture = True
 

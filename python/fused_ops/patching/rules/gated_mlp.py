@@ -43,6 +43,7 @@ def _in_features(projection):
 
 class GatedMLPRule(Rule):
     kind = "gated_mlp"
+    large_inputs = True
     description = "gated MLP -> gated_mul_linear (gate and up kept; the activation recomputed, not saved)"
 
     def candidates(self, model):

@@ -39,6 +39,7 @@ def _gated_norm_forward(base, options):
 
 class GatedNormRule(Rule):
     kind = "gated_norm"
+    large_inputs = True
     description = "gated RMSNorm (norm, then gate) -> rms_norm + gated_mul"
 
     def candidates(self, model):

@@ -58,6 +58,7 @@ def _captured_width(module, context):
 
 class NormRule(Rule):
     kind = "norm"
+    large_inputs = True
     description = "norm over the last dim -> rms_norm / layer_norm"
     needs_capture = True  # only a weightless norm with no size attribute uses its captured call
 
