@@ -366,39 +366,40 @@ def training_step_matches_one_process(device, mesh_shape, compile_backend):
     assert checked == len(expected_grads)
 
 
-# ---- a fused Hugging Face model under FSDP2
+# ---- a fused Hugging Face model under FSDP2 and under DDP
 
-def fused_hugging_face_model_under_fsdp2(device, compile_backend=None):
-    """A tiny Llama after fused_ops.fuse(), fully_shard per decoder layer and at the root, over the
-    processes' halves of a batch: the loss, every gradient and the loss after one optimizer step against
-    the stock model on the whole batch in this process. The step is SGD with momentum (its state is
-    sharded as AdamW's is): AdamW's first step divides each gradient by its own magnitude plus eps, so
-    a gradient of rounding-noise size (the halves and the whole batch add in different orders) moves
-    its weight by up to the learning rate, and the next step's gradients differ past the tolerances."""
+def _tiny_llama_and_fused(device, hidden):
+    """A tiny Llama of width `hidden` and a fused copy of it."""
     import copy
 
     import transformers
-    from torch.distributed.fsdp import fully_shard
 
     import fused_ops
 
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, vocab_size=101, max_position_embeddings=64)
+    config = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=hidden * 3 // 2, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=101,
+                                      max_position_embeddings=64)
     reference = transformers.LlamaForCausalLM(config).to(device)
     model = fused_ops.fuse(copy.deepcopy(reference))
     assert model.fused_ops_report.counts()["gated_mlp"] == 2
-    for layer in model.model.layers:
-        fully_shard(layer)
-        if compile_backend is not None:  # each sharded layer compiled, its norms recomputed in the backward
-            layer.compile(backend=compile_backend, fullgraph=True)
-    fully_shard(model)
+    return reference, model
+
+
+def _steps_match_one_process(reference, model, call, full_gradient):
+    """Two steps of `call` (the distributed model) on this process's half of a batch against `reference`
+    on the whole batch: the loss, every gradient (`full_gradient` of the local one) and the loss after one
+    optimizer step. The step is SGD with momentum (its state is sharded as AdamW's is): AdamW's first step
+    divides each gradient by its own magnitude plus eps, so a gradient of rounding-noise size (the halves
+    and the whole batch add in different orders) moves its weight by up to the learning rate, and the next
+    step's gradients differ past the tolerances."""
     optimizers = [torch.optim.SGD(m.parameters(), lr=1e-1, momentum=0.9) for m in (reference, model)]
+    device = next(reference.parameters()).device
     tokens = torch.randint(0, 101, (4, 12), generator=torch.Generator().manual_seed(1)).to(device)
     local = tokens.chunk(dist.get_world_size())[dist.get_rank()]
     for step in range(2):
         expected = reference(input_ids=tokens, labels=tokens).loss
-        loss = model(input_ids=local, labels=local).loss
+        loss = call(input_ids=local, labels=local).loss
         global_loss = loss.detach().clone()
         dist.all_reduce(global_loss)  # equal token counts per process: the mean of the means
         torch.testing.assert_close(global_loss / dist.get_world_size(), expected.detach(), rtol=1e-5, atol=1e-6)
@@ -406,8 +407,40 @@ def fused_hugging_face_model_under_fsdp2(device, compile_backend=None):
         loss.backward()
         expected_grads = dict(reference.named_parameters())
         for name, parameter in model.named_parameters():
-            torch.testing.assert_close(parameter.grad.full_tensor(), expected_grads[name].grad, rtol=1e-4, atol=1e-6,
-                                       msg=lambda m: f"step {step}, {name}: {m}")
+            torch.testing.assert_close(full_gradient(parameter.grad), expected_grads[name].grad, rtol=1e-4,
+                                       atol=1e-6, msg=lambda m: f"step {step}, {name}: {m}")
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
+
+
+def fused_hugging_face_model_under_fsdp2(device, compile_backend=None):
+    """A tiny Llama after fused_ops.fuse(), fully_shard per decoder layer and at the root, over the
+    processes' halves of a batch, against the stock model on the whole batch in this process."""
+    from torch.distributed.fsdp import fully_shard
+
+    reference, model = _tiny_llama_and_fused(device, 64)
+    for layer in model.model.layers:
+        fully_shard(layer)
+        if compile_backend is not None:  # each sharded layer compiled, its norms recomputed in the backward
+            layer.compile(backend=compile_backend, fullgraph=True)
+    fully_shard(model)
+    _steps_match_one_process(reference, model, model, lambda gradient: gradient.full_tensor())
+
+
+def fused_hugging_face_model_compiled_under_ddp(device):
+    """A tiny Llama after fused_ops.fuse(), in DistributedDataParallel with 1 MB buckets, compiled whole:
+    Dynamo's DDP optimizer splits the graph at the buckets, each piece with the layers' norm-recompute
+    regions it holds, and the processes' halves of a batch train as the stock model on the whole batch."""
+    from torch._dynamo.backends.debugging import aot_eager
+
+    reference, model = _tiny_llama_and_fused(device, 256)
+    regions = []
+    checkpoint = torch.ops.higher_order.tag_activation_checkpoint
+
+    def backend(graph, example_inputs):  # aot_eager, counting the pieces and their regions
+        regions.append(sum(node.target is checkpoint for node in graph.graph.nodes))
+        return aot_eager(graph, example_inputs)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
+    _steps_match_one_process(reference, model, torch.compile(ddp, backend=backend), lambda gradient: gradient)
+    assert len(regions) > 1 and sum(regions) == 4, regions  # split; two regions in each of the two layers

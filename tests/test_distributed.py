@@ -1,7 +1,8 @@
 """The ops under torch.distributed, in processes this test spawns (gloo on CPU; NCCL where enough GPUs
 are visible): every op on DTensors of every placement against the op on the full tensor, a placement
-the ops cannot run locally redistributed, and a tensor-parallel + sequence-parallel + FSDP2 training
-step against the same model on one process, eagerly and compiled. The work of each process is in
+the ops cannot run locally redistributed, a tensor-parallel + sequence-parallel + FSDP2 training step
+against the same model on one process, eagerly and compiled, and a fused Hugging Face model under FSDP2
+and compiled under DDP (its graph split at the buckets) against the stock model on one process. The work of each process is in
 tests/distributed_workers.py."""
 import fcntl
 import importlib.util
@@ -86,7 +87,8 @@ CHECKS = {
         ("silu_mul_linear_on_dtensors", ()),
         ("norm_weight_forms_on_dtensors", ()),
         ("relu_add_backward_on_dtensors", ())]
-       + ([("fused_hugging_face_model_under_fsdp2", (None,)), ("fused_hugging_face_model_under_fsdp2", ("aot_eager",))]
+       + ([("fused_hugging_face_model_under_fsdp2", (None,)), ("fused_hugging_face_model_under_fsdp2", ("aot_eager",)),
+           ("fused_hugging_face_model_compiled_under_ddp", ())]
           if importlib.util.find_spec("transformers") else []),
     4: [("ops_on_dtensors", ((2, 2), ROW_OPS)),
         ("training_step_matches_one_process", ((2, 2), None)),
@@ -184,3 +186,9 @@ def test_rules_load_with_dtensor_only(order):
 def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(run_check, device, compile_backend):
     pytest.importorskip("transformers")
     run_check(2, device, "fused_hugging_face_model_under_fsdp2", compile_backend)
+
+
+@pytest.mark.parametrize("device", devices(2))
+def test_fused_hugging_face_model_compiled_under_ddp_trains_like_one_process(run_check, device):
+    pytest.importorskip("transformers")
+    run_check(2, device, "fused_hugging_face_model_compiled_under_ddp")
