@@ -417,14 +417,16 @@ def _steps_match_one_process(reference, model, call, full_gradient):
 def fused_hugging_face_model_under_fsdp2(device, compile_backend=None):
     """A tiny Llama after fused_ops.fuse(), fully_shard per decoder layer and at the root, over the
     processes' halves of a batch, against the stock model on the whole batch in this process."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     reference, model = _tiny_llama_and_fused(device, 64)
+    mesh = init_device_mesh(device, (dist.get_world_size(),))  # without one, a visible GPU takes the shards
     for layer in model.model.layers:
-        fully_shard(layer)
+        fully_shard(layer, mesh=mesh)
         if compile_backend is not None:  # each sharded layer compiled, its norms recomputed in the backward
             layer.compile(backend=compile_backend, fullgraph=True)
-    fully_shard(model)
+    fully_shard(model, mesh=mesh)
     _steps_match_one_process(reference, model, model, lambda gradient: gradient.full_tensor())
 
 

@@ -16,6 +16,7 @@ MLP's random float copies and gradients would cost gigabytes and minutes of host
 import contextlib
 import copy
 import dataclasses
+import zlib
 from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
@@ -193,10 +194,12 @@ _random_parameters: Dict[tuple, torch.Tensor] = {}
 
 
 def _random_like(name, parameter, dtype):
-    """A random stand-in for a parameter, the same for every parameter of that name and shape."""
+    """A random stand-in for a parameter, the same for every parameter of that name and shape, in any
+    process whatever was probed before. Its seed is never the inputs' (PROBE_SEED): a weight drawn from the
+    inputs' own sequence lines up with them and makes one product several times too large."""
     key = (name, tuple(parameter.shape), dtype)
     if key not in _random_parameters:
-        generator = torch.Generator().manual_seed(PROBE_SEED + len(_random_parameters))
+        generator = torch.Generator().manual_seed(PROBE_SEED + 1 + zlib.crc32(repr(key[:2]).encode()))
         values = torch.randn(parameter.shape, generator=generator, dtype=dtype)
         # Matrices keep activations near unit scale; vectors (norm weights, biases) sit away from 0 and 1.
         _random_parameters[key] = values / parameter.shape[-1] ** 0.5 if parameter.dim() > 1 else values * 0.5 + 0.25
