@@ -532,3 +532,19 @@ def test_residual_norm_of_each_layer_shape(model_type, layer):
         losses[-1].backward()
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-6)
     assert_gradients_match_stock(fused, stock)
+
+
+def test_fuse_leaves_the_random_generators_where_they_were(device):
+    """The probes draw random numbers (a stand-in head's initialisation, for one); the caller's generators,
+    which seed their data and dropout, do not move."""
+    model = FAMILIES["llama"]().to(device)
+
+    def draws():
+        return [torch.rand(4), torch.rand(4, device=device)]
+    torch.manual_seed(7)
+    want = draws()
+    torch.manual_seed(7)
+    fused_ops.fuse(model)
+    assert model.fused_ops_report.counts() == EXPECTED
+    for got, expected in zip(draws(), want):
+        assert torch.equal(got, expected)

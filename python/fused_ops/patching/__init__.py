@@ -142,9 +142,13 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
                  for _, module in candidates[rule.kind] if base_model_name(module) is not None}
     threads = probe.host_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
+    # The probes draw random numbers (a stand-in head's initialisation, for one): the caller's generators,
+    # which seed their data and dropout, are left where they were.
+    cuda_devices = sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.is_cuda})
     try:
-        context = _Context(model, captured)
-        report = _fuse_proven(model, rules, candidates, context)
+        with torch.random.fork_rng(devices=cuda_devices):
+            context = _Context(model, captured)
+            report = _fuse_proven(model, rules, candidates, context)
     finally:
         torch.set_num_threads(threads)
         probe.forget_random_parameters()
