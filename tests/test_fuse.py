@@ -548,3 +548,13 @@ def test_fuse_leaves_the_random_generators_where_they_were(device):
     assert model.fused_ops_report.counts() == EXPECTED
     for got, expected in zip(draws(), want):
         assert torch.equal(got, expected)
+
+
+def test_fuse_inside_an_autocast_region_fuses_what_it_fuses_outside(device):
+    """The probes run in float64 outside the caller's autocast region (in it, the stock products would
+    run in bfloat16 and every proof of a product would fail), and the region is on again afterwards."""
+    model = FAMILIES["llama"]().to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        fused_ops.fuse(model)
+        assert torch.is_autocast_enabled(device)
+    assert model.fused_ops_report.counts() == EXPECTED

@@ -5,6 +5,7 @@ probe against what the module really computes (probe.py), and swaps the first on
 instance only (swap.py). Anything not proven is left alone, with the reason, in the report.
 Hugging Face transformers is never imported by `import fused_ops`; its models are recognised as given.
 """
+import contextlib
 import logging
 import warnings
 
@@ -143,10 +144,14 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     threads = probe.host_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
     # The probes draw random numbers (a stand-in head's initialisation, for one): the caller's generators,
-    # which seed their data and dropout, are left where they were.
+    # which seed their data and dropout, are left where they were. An autocast region fuse() is called in
+    # would run the float64 probes in bfloat16 and refuse proven swaps: the probes run outside it.
     cuda_devices = sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.is_cuda})
     try:
-        with torch.random.fork_rng(devices=cuda_devices):
+        with contextlib.ExitStack() as outside:
+            outside.enter_context(torch.random.fork_rng(devices=cuda_devices))
+            for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
+                outside.enter_context(torch.autocast(device_type, enabled=False))
             context = _Context(model, captured)
             report = _fuse_proven(model, rules, candidates, context)
     finally:
