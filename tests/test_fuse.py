@@ -558,3 +558,14 @@ def test_fuse_inside_an_autocast_region_fuses_what_it_fuses_outside(device):
         fused_ops.fuse(model)
         assert torch.is_autocast_enabled(device)
     assert model.fused_ops_report.counts() == EXPECTED
+
+
+def test_fuse_under_a_default_device_fuses_what_it_fuses_without_one(device):
+    """Models built under `with torch.device(...)` are often fused there too: the probes make their tensors
+    on the CPU whatever the default device is (meta stands for one whose tensors the probes cannot use)."""
+    model = FAMILIES["llama"]().to(device)
+    for default in (device, "meta"):
+        fused = copy.deepcopy(model)
+        with torch.device(default):
+            fused_ops.fuse(fused)
+        assert fused.fused_ops_report.counts() == EXPECTED, default

@@ -145,11 +145,13 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     torch.set_num_threads(1)  # the probes' tensors are tiny: more threads only cost their start-up
     # The probes draw random numbers (a stand-in head's initialisation, for one): the caller's generators,
     # which seed their data and dropout, are left where they were. An autocast region fuse() is called in
-    # would run the float64 probes in bfloat16 and refuse proven swaps: the probes run outside it.
+    # would run the float64 probes in bfloat16 and refuse proven swaps: the probes run outside it, and make
+    # their tensors on the CPU whatever default device the caller has set (`with torch.device("cuda")`).
     cuda_devices = sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.is_cuda})
     try:
         with contextlib.ExitStack() as outside:
             outside.enter_context(torch.random.fork_rng(devices=cuda_devices))
+            outside.enter_context(torch.device("cpu"))
             for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
                 outside.enter_context(torch.autocast(device_type, enabled=False))
             context = _Context(model, captured)
