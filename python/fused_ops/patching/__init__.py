@@ -94,8 +94,8 @@ def _prove(rule, module, context):
 
 
 def _configuration(module):
-    """What makes two modules the same function: their classes, parameter and buffer shapes and dtypes,
-    and plain attributes, for the module and every submodule; only `layer_idx`, which indexes the
+    """What makes two modules the same function: their classes, parameter and buffer types, shapes and
+    dtypes, and plain attributes, for the module and every submodule; only `layer_idx`, which indexes the
     cache, may differ."""
     def plain(value):
         return value is None or isinstance(value, (bool, int, float, str)) or (
@@ -104,7 +104,7 @@ def _configuration(module):
     for name, sub in module.named_modules():
         attributes = tuple(sorted((key, repr(value)) for key, value in vars(sub).items()
                                   if not key.startswith("_") and key != "layer_idx" and plain(value)))
-        tensors = tuple((key, tuple(t.shape), t.dtype, t.device.type) for key, t in
+        tensors = tuple((key, type(t), tuple(t.shape), t.dtype, t.device.type) for key, t in
                         list(sub._parameters.items()) + list(sub._buffers.items()) if t is not None)
         described.append((name, type(sub), attributes, tensors))
     return tuple(described)

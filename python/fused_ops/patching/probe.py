@@ -225,7 +225,7 @@ def _run(module, cls, state, inputs, dtype, device, training, select, grads: boo
         else:
             grad_target = None
         args = tuple(args)
-    with as_class(module, cls), _modes(module, training), torch.random.fork_rng(devices=[]):
+    with as_class(module, cls), _modes(module, training), _state_kept(module), torch.random.fork_rng(devices=[]):
         torch.manual_seed(PROBE_SEED)
         with torch.enable_grad() if grads else torch.no_grad():
             output = select(functional_call(module, state, args, kwargs, strict=False))
@@ -468,14 +468,21 @@ def runs_a_fused_op(module, fused_cls, inputs: Inputs) -> bool:
 
 @contextlib.contextmanager
 def _state_kept(model):
-    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers) and
-    in their configs: a model that picks its attention by the sequence length it is called with
-    (BigBird's block-sparse attention falls back to full attention for short ones, for good) must not
-    keep the probe forward's choice."""
+    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers and
+    their values), in their configs and in their parameters (the tensor a parameter holds, its attributes
+    and the objects they hold): a model that picks its attention by the sequence length it is called with
+    (BigBird's block-sparse attention falls back to full attention for short ones, for good) must not keep
+    the probe forward's choice, an observer must not keep the probe's statistics, and a quantised layer
+    that repacks its weight on its first eval call (bitsandbytes' 4-bit layer on the CPU, after which no
+    gradient flows through it) must not be repacked by the probe."""
     modules = list(model.modules())
     saved = [(module, dict(vars(module)), dict(module._modules), dict(module._buffers)) for module in modules]
     configs = {id(config): (config, dict(vars(config))) for config in (getattr(m, "config", None) for m in modules)
                if config is not None and hasattr(config, "__dict__")}
+    buffer_values = [(buffer, buffer.clone()) for buffer in {id(b): b for b in model.buffers()}.values()
+                     if buffer.device.type != "meta"]
+    parameters = [(parameter, parameter.data, dict(vars(parameter)), _held_objects(parameter))
+                  for parameter in {id(p): p for p in model.parameters()}.values()]
     try:
         yield
     finally:
@@ -487,6 +494,33 @@ def _state_kept(model):
             module._buffers.update(buffers)
         for config, attributes in configs.values():
             _put_back(config, attributes, lambda name: False)
+        with torch.no_grad():
+            for buffer, values in buffer_values:
+                if buffer.shape == values.shape and not torch.equal(buffer, values):
+                    buffer.copy_(values)
+        for parameter, data, attributes, held in parameters:
+            if _holds_other_values(parameter, data):
+                parameter.data = data
+            _put_back(parameter, attributes, lambda name: False)
+            for owner, owner_attributes in held:
+                _put_back(owner, owner_attributes, lambda name: False)
+
+
+def _held_objects(parameter):
+    """(object, its attributes) of each plain Python object a parameter holds as an attribute."""
+    return [(value, dict(vars(value))) for value in vars(parameter).values()
+            if hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, torch.nn.Module))]
+
+
+def _holds_other_values(parameter, data):
+    """Whether `parameter.data` is no longer the tensor `data` (its storage, shape or dtype changed)."""
+    now = parameter.data
+    if type(now) is not type(data) or now.shape != data.shape or now.dtype != data.dtype:
+        return True
+    try:
+        return now.data_ptr() != data.data_ptr()
+    except RuntimeError:  # a tensor subclass without storage of its own
+        return False
 
 
 def _put_back(owner, attributes, kept):

@@ -183,11 +183,35 @@ def with_global(function, name, value):
     return rewrapped(function, copy_with_global)
 
 
+def holds_plain_tensors(module, *names) -> bool:
+    """Whether the module's `names` (parameters, buffers, attributes) are each None or a tensor the fused
+    ops take as it is: a plain tensor or parameter, a DTensor (the ops have sharding rules) or the fake
+    stand-in that tracing puts in a parameter's place. A quantised weight (a tensor subclass, as torchao
+    makes, or a parameter subclass, as bitsandbytes does) holds codes and scales, not the values: the
+    module's own forward computes with it."""
+    for name in names:
+        value = getattr(module, name, None)
+        if value is None or type(value) in (torch.Tensor, torch.nn.Parameter):
+            continue
+        if isinstance(value, _TRACING_TENSORS):
+            continue
+        dtensor = sys.modules.get("torch.distributed.tensor")
+        if dtensor is not None and isinstance(value, dtensor.DTensor):
+            continue
+        return False
+    return True
+
+
+_TRACING_TENSORS = (torch._subclasses.fake_tensor.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor)
+
+
 def is_plain_linear(module) -> bool:
-    """An nn.Linear with no hooks: its product may be taken from its weight without calling it."""
+    """An nn.Linear with no hooks and a weight and bias of plain values: its product may be taken from its
+    weight without calling it."""
     return (type(module) is torch.nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
             and not torch.nn.modules.module._global_forward_hooks
-            and not torch.nn.modules.module._global_forward_pre_hooks)
+            and not torch.nn.modules.module._global_forward_pre_hooks
+            and holds_plain_tensors(module, "weight", "bias"))
 
 
 def as_autocast_runs_linear(x, weight, bias):

@@ -4,7 +4,7 @@ import torch
 
 from ... import _ops
 from .. import probe
-from ..swap import forward_builder, is_plain_linear
+from ..swap import forward_builder, holds_plain_tensors, is_plain_linear
 from . import LeftAlone, Rule, check_takes_one_input
 
 
@@ -17,7 +17,7 @@ def _bias_as_autocast_adds_it(hidden, bias):
 
 def _is_plain_conv1d(module):
     return (type(module).__name__ == "Conv1D" and not module._forward_hooks and not module._forward_pre_hooks
-            and isinstance(getattr(module, "bias", None), torch.Tensor))
+            and isinstance(getattr(module, "bias", None), torch.Tensor) and holds_plain_tensors(module, "weight", "bias"))
 
 
 def _layout(module):

@@ -8,7 +8,7 @@ import torch
 
 from ... import _ops
 from .. import probe
-from ..swap import forward_builder
+from ..swap import forward_builder, holds_plain_tensors
 from . import LeftAlone, Rule
 from .gated_mlp import ACTIVATIONS
 from .norm import NormRule
@@ -30,7 +30,8 @@ def _gated_norm_forward(base, options):
 
     def forward(self, hidden_states, gate):
         # Mixed dtypes (autocast) round differently in the module's own float32 arithmetic: its forward.
-        if not torch.is_tensor(gate) or gate.dtype != hidden_states.dtype or gate.shape != hidden_states.shape:
+        if (not torch.is_tensor(gate) or gate.dtype != hidden_states.dtype or gate.shape != hidden_states.shape
+                or not holds_plain_tensors(self, "weight")):
             return base.forward(self, hidden_states, gate)
         normalised = _ops.rms_norm(hidden_states, self.weight, eps, offset=offset)
         return _ops.gated_mul(gate, normalised, activation)
@@ -48,6 +49,8 @@ class GatedNormRule(Rule):
                 yield name, module
 
     def variants(self, module, context):
+        if not holds_plain_tensors(module, "weight"):
+            raise LeftAlone("its weight is not a plain tensor (quantised?)")
         eps = NormRule.epsilon(module)
         if eps is None:
             raise LeftAlone("no epsilon attribute (eps, variance_epsilon, epsilon) with a number")

@@ -7,7 +7,7 @@ import torch
 
 from ... import _ops
 from .. import probe
-from ..swap import forward_builder
+from ..swap import forward_builder, holds_plain_tensors
 from . import LeftAlone, Rule, check_takes_one_input
 
 _EPSILON_NAMES = ("eps", "variance_epsilon", "epsilon")
@@ -26,11 +26,16 @@ def _epsilon(module):
 @forward_builder("norm")
 def _norm_forward(base, options):
     function, eps, offset = options["function"], options["eps"], options["offset"]
+    stock = base.forward
     if function == "rms_norm":
         def forward(self, hidden_states):
+            if not holds_plain_tensors(self, "weight"):
+                return stock(self, hidden_states)
             return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
     else:
         def forward(self, hidden_states):
+            if not holds_plain_tensors(self, "weight", "bias"):
+                return stock(self, hidden_states)
             return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
                                    offset=offset)
     return forward
@@ -100,6 +105,8 @@ class NormRule(Rule):
 
     def variants(self, module, context):
         check_takes_one_input(module)
+        if not holds_plain_tensors(module, "weight", "bias"):
+            raise LeftAlone("its weight or bias is not a plain tensor (quantised?)")
         eps = _epsilon(module)
         if getattr(module, "weight", None) is None:
             return [(("eps", eps), ("function", function), ("offset", 0.0))
