@@ -81,3 +81,17 @@ def test_optimizer_made_before_fuse_trains_every_parameter():
     optimizer.step()
     unchanged = [n for n, p in model.named_parameters() if torch.equal(p, before[n])]
     assert unchanged == [], f"not trained after fuse(): {unchanged}"
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe"])
+def test_lora_on_every_linear_and_the_routers_parameters_before_fuse(family):
+    """target_modules="all-linear" also adapts a mixture of experts' router weight through a
+    parametrization that exists only while the router runs (peft's ParamWrapper): the probes' calls of
+    the model, with their stand-in parameters, leave it in place."""
+    torch.manual_seed(3)
+    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
+    reference = peft.get_peft_model(hf_families.build(family), config)
+    assert any(type(m).__name__ == "ParamWrapper" for m in reference.modules())
+    model = fuse(copy.deepcopy(reference))
+    assert model.fused_ops_report.swapped, model.fused_ops_report
+    assert_trains_like(model, reference, hf_families.batch(reference))

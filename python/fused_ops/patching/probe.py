@@ -225,7 +225,7 @@ def _run(module, cls, state, inputs, dtype, device, training, select, grads: boo
         else:
             grad_target = None
         args = tuple(args)
-    with as_class(module, cls), _modes(module, training), _state_kept(module), torch.random.fork_rng(devices=[]):
+    with as_class(module, cls), _modes(module, training), _values_kept(module), torch.random.fork_rng(devices=[]):
         torch.manual_seed(PROBE_SEED)
         with torch.enable_grad() if grads else torch.no_grad():
             output = select(functional_call(module, state, args, kwargs, strict=False))
@@ -468,23 +468,17 @@ def runs_a_fused_op(module, fused_cls, inputs: Inputs) -> bool:
 
 @contextlib.contextmanager
 def _state_kept(model):
-    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers and
-    their values), in their configs and in their parameters (the tensor a parameter holds, its attributes
-    and the objects they hold): a model that picks its attention by the sequence length it is called with
-    (BigBird's block-sparse attention falls back to full attention for short ones, for good) must not keep
-    the probe forward's choice, an observer must not keep the probe's statistics, and a quantised layer
-    that repacks its weight on its first eval call (bitsandbytes' 4-bit layer on the CPU, after which no
-    gradient flows through it) must not be repacked by the probe."""
+    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers) and
+    in their configs, and what _values_kept puts back: a model that picks its attention by the sequence
+    length it is called with (BigBird's block-sparse attention falls back to full attention for short
+    ones, for good) must not keep the probe forward's choice."""
     modules = list(model.modules())
     saved = [(module, dict(vars(module)), dict(module._modules), dict(module._buffers)) for module in modules]
     configs = {id(config): (config, dict(vars(config))) for config in (getattr(m, "config", None) for m in modules)
                if config is not None and hasattr(config, "__dict__")}
-    buffer_values = [(buffer, buffer.clone()) for buffer in {id(b): b for b in model.buffers()}.values()
-                     if buffer.device.type != "meta"]
-    parameters = [(parameter, parameter.data, dict(vars(parameter)), _held_objects(parameter))
-                  for parameter in {id(p): p for p in model.parameters()}.values()]
     try:
-        yield
+        with _values_kept(model):
+            yield
     finally:
         for module, attributes, children, buffers in saved:
             _put_back(module, attributes, lambda name: name.startswith("_"))
@@ -494,6 +488,21 @@ def _state_kept(model):
             module._buffers.update(buffers)
         for config, attributes in configs.values():
             _put_back(config, attributes, lambda name: False)
+
+
+@contextlib.contextmanager
+def _values_kept(module):
+    """Puts back what a call of `module` changes in its buffers' values and in its parameters (the tensor
+    a parameter holds, its attributes and the objects they hold): an observer must not keep the probe's
+    statistics, and a quantised layer that repacks its weight on its first eval call (bitsandbytes'
+    4-bit layer on the CPU, after which no gradient flows through it) must not be repacked by a probe."""
+    buffer_values = [(buffer, buffer.clone()) for buffer in {id(b): b for b in module.buffers()}.values()
+                     if buffer.device.type != "meta"]
+    parameters = [(parameter, parameter.data, dict(vars(parameter)), _held_objects(parameter))
+                  for parameter in {id(p): p for p in module.parameters()}.values()]
+    try:
+        yield
+    finally:
         with torch.no_grad():
             for buffer, values in buffer_values:
                 if buffer.shape == values.shape and not torch.equal(buffer, values):
