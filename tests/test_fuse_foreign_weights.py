@@ -139,3 +139,36 @@ def test_probes_leave_layers_that_change_their_own_state_as_they_were(device):
         torch.testing.assert_close(got.self_attn.o_proj.weight.grad, want.self_attn.o_proj.weight.grad,
                                    rtol=1e-4, atol=1e-6)
         torch.testing.assert_close(got.self_attn.o_proj.largest_input, want.self_attn.o_proj.largest_input)
+
+
+class ShiftedRMSNorm(transformers.models.llama.modeling_llama.LlamaRMSNorm):
+    """An RMSNorm that scales and shifts after normalising: not what rms_norm computes."""
+
+    def forward(self, hidden_states):
+        return 2 * super().forward(hidden_states) + 0.5
+
+
+def test_a_forward_set_on_the_instance_is_left_alone_and_proves_nothing_for_its_twins():
+    """A wrapper set on a module instance (accelerate's mixed precision sets a prepared model's forward so)
+    hides the class a swap changes: that module is left alone with the reason, and its probe, which would
+    compare the wrapper with itself, does not stand for the identical modules beside it."""
+    model = llama("cpu")
+    for layer in model.model.layers:
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(layer, name)
+            norm.__class__ = ShiftedRMSNorm
+    first = model.model.layers[0].input_layernorm
+    first.forward = types.MethodType(ShiftedRMSNorm.forward, first)
+    model.forward = types.MethodType(type(model).forward, model)
+    stock = copy.deepcopy(model)
+    fused_ops.fuse(model)
+    report = str(model.fused_ops_report)
+    assert "its forward is set on the instance" in report
+    assert [entry.kind for entry in model.fused_ops_report.entries if not entry.swapped].count("norm") == 4
+    assert not any(entry.swapped for entry in model.fused_ops_report.entries if entry.kind == "lm_head_loss")
+    ids = torch.randint(0, SIZES["vocab_size"], (2, 12), generator=torch.Generator().manual_seed(1))
+    want, want_grads = loss_and_norm_gradients(stock, ids)
+    got, got_grads = loss_and_norm_gradients(model, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

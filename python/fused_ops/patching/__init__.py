@@ -23,7 +23,7 @@ from .rules.lm_head import LMHeadLossRule, base_model_name
 from .rules.norm import NormRule
 from .rules.residual_norm import ResidualNormRule
 from .rules.rotary import RotaryRule
-from .swap import fused_class, fused_kind, swap
+from .swap import fused_class, fused_kind, shadowed_methods, swap
 
 logger = logging.getLogger("fused_ops")
 
@@ -175,6 +175,12 @@ def _fuse_proven(model, rules, candidates, context):
     for rule in rules:
         for path, module in candidates[rule.kind]:
             if fused_kind(module):
+                continue
+            shadowed = shadowed_methods(module, rule.kind)
+            if shadowed:  # a probe of it would compare the instance's method with itself
+                report.entries.append(Entry(path, type(module).__name__, rule.kind, False,
+                                            f"its {', '.join(shadowed)} is set on the instance (a wrapper such as "
+                                            "accelerate's mixed precision): call fuse() before wrapping"))
                 continue
             key = (rule.kind, _configuration(module))
             if key not in verdicts:

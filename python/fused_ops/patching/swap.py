@@ -16,15 +16,24 @@ import torch
 # kind -> function(base_class, options: dict) -> forward, or {method name: method}
 _FORWARD_BUILDERS: Dict[str, Callable] = {}
 _CLASSES: Dict[Tuple, type] = {}
+# kind -> the names of the methods its fused class defines
+_REPLACED_METHODS: Dict[str, Tuple[str, ...]] = {}
 
 
-def forward_builder(kind: str):
-    """Registers the function that makes a fused forward of `kind` (or the fused methods, by name) for a base
-    class and options."""
+def forward_builder(kind: str, methods: Tuple[str, ...] = ("forward",)):
+    """Registers the function that makes a fused forward of `kind` (or the fused `methods`, by name) for a
+    base class and options."""
     def register(build):
         _FORWARD_BUILDERS[kind] = build
+        _REPLACED_METHODS[kind] = methods
         return build
     return register
+
+
+def shadowed_methods(module, kind: str) -> Tuple[str, ...]:
+    """The methods `kind` replaces that `module` has set on the instance, which a class swap cannot reach
+    (accelerate's mixed precision wraps a prepared model's forward so)."""
+    return tuple(name for name in _REPLACED_METHODS[kind] if name in vars(module))
 
 
 def fused_class(base: type, kind: str, options: tuple) -> type:

@@ -11,7 +11,7 @@ from . import LeftAlone, Rule
 from .gated_mlp import ACTIVATIONS
 
 
-@forward_builder("experts_gate")
+@forward_builder("experts_gate", methods=("_apply_gate",))
 def _experts_gate_methods(base, options):
     activation = options["activation"]
 
