@@ -213,3 +213,43 @@ def test_experts_whose_gate_clamps_are_left_alone_and_the_model_stays_exact(mode
                     parameter.mul_(200)
         want, got = stock(input_ids=ids).logits, fused(input_ids=ids).logits
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("second", ["function", "partial", "tensor"])
+def test_identical_modules_share_a_proof_only_with_the_same_attributes(second):
+    """Layers of one configuration are proven once; an attribute that is no plain value (a function, a
+    partial function, a tensor) makes another configuration. The second MLP's activation differs from the
+    first's only in such an attribute: it is proven on its own and left alone."""
+    import functools
+
+    class FunctionMLP(torch.nn.Module):
+        def __init__(self, mlp, activation, scale):
+            super().__init__()
+            self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+            self.activation, self.scale = activation, scale
+
+        def forward(self, x):
+            return self.down_proj(self.activation(self.gate_proj(x) * self.scale) * self.up_proj(x))
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=101))
+    silu = torch.nn.functional.silu
+    first, other = {"function": ((silu, None), (torch.tanh, None)),
+                    "partial": ((functools.partial(torch.nn.functional.gelu, approximate="tanh"), None),
+                                (functools.partial(torch.nn.functional.gelu, approximate="none"), None)),
+                    "tensor": ((silu, torch.tensor(1.0)), (silu, torch.tensor(2.0)))}[second]
+    layers = model.model.layers
+    layers[0].mlp = FunctionMLP(layers[0].mlp, first[0], first[1] if first[1] is not None else 1.0)
+    layers[1].mlp = FunctionMLP(layers[1].mlp, other[0], other[1] if other[1] is not None else 1.0)
+    stock = copy.deepcopy(model)
+    fused_ops.fuse(model)
+    verdicts = [entry.detail.split(",")[0] if entry.swapped else None
+                for entry in model.fused_ops_report.entries if entry.kind == "gated_mlp"]
+    want = {"function": ["activation=silu", None], "partial": ["activation=gelu_tanh", "activation=gelu"],
+            "tensor": ["activation=silu", None]}[second]
+    assert verdicts == want
+    ids = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, stock(input_ids=ids).logits, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,9 @@ instance only (swap.py). Anything not proven is left alone, with the reason, in 
 Hugging Face transformers is never imported by `import fused_ops`; its models are recognised as given.
 """
 import contextlib
+import functools
 import logging
+import types
 import warnings
 
 import torch
@@ -95,19 +97,38 @@ def _prove(rule, module, context):
 
 def _configuration(module):
     """What makes two modules the same function: their classes, parameter and buffer types, shapes and
-    dtypes, and plain attributes, for the module and every submodule; only `layer_idx`, which indexes the
-    cache, may differ."""
-    def plain(value):
-        return value is None or isinstance(value, (bool, int, float, str)) or (
-            isinstance(value, (tuple, list)) and all(plain(v) for v in value))
+    dtypes, and attributes (plain values, and tensors, functions and partial functions by what they
+    are), for the module and every submodule; only `layer_idx`, which indexes the cache, may differ."""
     described = []
     for name, sub in module.named_modules():
-        attributes = tuple(sorted((key, repr(value)) for key, value in vars(sub).items()
-                                  if not key.startswith("_") and key != "layer_idx" and plain(value)))
+        attributes = tuple(sorted((key, _attribute(value)) for key, value in vars(sub).items()
+                                  if not key.startswith("_") and key != "layer_idx"))
         tensors = tuple((key, type(t), tuple(t.shape), t.dtype, t.device.type) for key, t in
                         list(sub._parameters.items()) + list(sub._buffers.items()) if t is not None)
         described.append((name, type(sub), attributes, tensors))
     return tuple(described)
+
+
+def _attribute(value):
+    """An attribute as far as it can change what a forward computes: plain values by value, a small tensor
+    by its values (a larger one is itself), a function by its name, a partial function by its parts;
+    other objects (a config the layers share, say) by their type."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__name__, tuple(_attribute(item) for item in value))
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return ("dict", tuple(sorted((key, _attribute(item)) for key, item in value.items())))
+    if torch.is_tensor(value):
+        small = value.numel() <= 64 and value.device.type != "meta" and type(value) is torch.Tensor
+        return ("tensor", tuple(value.shape), value.dtype, tuple(value.flatten().tolist()) if small else id(value))
+    if isinstance(value, functools.partial):
+        return ("partial", _attribute(value.func), _attribute(value.args), _attribute(value.keywords))
+    if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)):
+        return ("function", getattr(value, "__module__", None), getattr(value, "__qualname__", None))
+    if isinstance(value, types.MethodType):
+        return ("method", _attribute(value.__func__), id(value.__self__))
+    return ("object", type(value).__module__, type(value).__qualname__)
 
 
 def _describe(options):
