@@ -172,3 +172,31 @@ def test_a_forward_set_on_the_instance_is_left_alone_and_proves_nothing_for_its_
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
     for name, grad in want_grads.items():
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("model_type, change", [
+    ("llama", "epsilon"), ("qwen3_next", "epsilon"), ("gemma2", "softcap"), ("granite", "logits_scaling")])
+def test_constants_changed_after_fuse_are_the_stock_forwards_to_use(model_type, change):
+    """fuse() proves a norm with its epsilon and the head with the config's soft cap and logit scale; a
+    value set after fuse() reaches the stock forward, never a fused one that still holds the old value."""
+    import hf_families
+    stock = hf_families.build(model_type)
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    assert fused.fused_ops_report.swapped
+    for model in (stock, fused):
+        if change == "epsilon":
+            for module in model.modules():
+                for name in ("variance_epsilon", "eps"):
+                    if isinstance(getattr(module, name, None), float):
+                        setattr(module, name, 0.5)
+        elif change == "softcap":
+            model.config.final_logit_softcapping = 2.0
+        else:
+            model.config.logits_scaling = 0.25
+    ids = hf_families.batch(stock)
+    want, want_grads = loss_and_norm_gradients(stock.train(), ids)
+    got, got_grads = loss_and_norm_gradients(fused.train(), ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for name, grad in want_grads.items():
+        if grad is not None:
+            torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -73,6 +73,7 @@ def _causal_lm_forward(base, options):
             router_logits_wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
         training_with_labels = self.training and (labels is not None or shift_labels is not None)
         if (not training_with_labels or not is_plain_linear(self.lm_head)
+                or _head_constants(self) != options["config_constants"]
                 or (router_logits_wanted and router_loss_function is None)):
             return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)
@@ -98,6 +99,25 @@ def _causal_lm_forward(base, options):
     if decorated is None:
         raise LeftAlone("its forward's decorators do not hold the function they wrap")
     return decorated
+
+
+def _head_constants(module):
+    """(the final-logit softcap, the logit scales) the module's attributes and config give now: a proof
+    holds for these, and the fused forward leaves a model whose config changed since to the stock one."""
+    config = getattr(module, "config", None)
+    configs = [config, config.get_text_config()] if hasattr(config, "get_text_config") else [config]
+    softcaps = [getattr(c, "final_logit_softcapping", None) for c in configs]
+    softcap = next((float(c) for c in softcaps if _positive(c)), 0.0)
+    scales = [1.0]
+    candidates = [getattr(module, "logit_scale", None)]
+    for c in configs:  # Granite's divisor; Falcon-H1's and MuseGlimmer's multipliers
+        logits_scaling = getattr(c, "logits_scaling", None)
+        candidates += [1.0 / logits_scaling if _positive(logits_scaling) else None,
+                       getattr(c, "lm_head_multiplier", None), getattr(c, "output_multiplier", None)]
+    for scale in candidates:
+        if _positive(scale) and scale not in scales:
+            scales.append(float(scale))
+    return softcap, tuple(scales)
 
 
 def _marker(key, value):
@@ -165,21 +185,10 @@ class LMHeadLossRule(Rule):
         output = context.captured_output(module)
         if output is None or not hasattr(output, "logits") or not dataclasses.is_dataclass(output):
             raise LeftAlone("the probe forward gave no output with logits")
-        config = getattr(module, "config", None)
-        configs = [config, config.get_text_config()] if hasattr(config, "get_text_config") else [config]
-        softcaps = [getattr(c, "final_logit_softcapping", None) for c in configs]
-        softcap = next((float(c) for c in softcaps if _positive(c)), 0.0)
-        scales = [1.0]
-        candidates = [getattr(module, "logit_scale", None)]
-        for c in configs:  # Granite's divisor; Falcon-H1's and MuseGlimmer's multipliers
-            logits_scaling = getattr(c, "logits_scaling", None)
-            candidates += [1.0 / logits_scaling if _positive(logits_scaling) else None,
-                           getattr(c, "lm_head_multiplier", None), getattr(c, "output_multiplier", None)]
-        for scale in candidates:
-            if _positive(scale) and scale not in scales:
-                scales.append(float(scale))
+        constants = _head_constants(module)
+        softcap, scales = constants
         if module.lm_head.bias is not None:
-            scales = [1.0]  # a scale taken on the rows would scale the bias too
+            scales = (1.0,)  # a scale taken on the rows would scale the bias too
         router_loss = _has_router_loss(module)
         # What the probe proves: whether the base model is handed the forward's keyword arguments (GPT-J's
         # is not), the labels (image-text models) and `output_router_logits` (most MoE families; Granite's MoE
@@ -189,7 +198,8 @@ class LMHeadLossRule(Rule):
                    if "cross_attentions" in {field.name for field in dataclasses.fields(output)} else [()])
         return [(("base", base_model_name(module)),) + cross + (("kwargs_to_base", kwargs),
                  ("labels_to_base", labels), ("logit_scale", scale), ("output_class", type(output)),
-                 ("router_loss", router_loss), ("router_to_base", router), ("softcap", softcap))
+                 ("router_loss", router_loss), ("router_to_base", router), ("softcap", softcap),
+                 ("config_constants", constants))
                 for cross in crosses
                 for kwargs in (True, False)
                 for labels in (False, True)

@@ -29,16 +29,23 @@ def _norm_forward(base, options):
     stock = base.forward
     if function == "rms_norm":
         def forward(self, hidden_states):
-            if not holds_plain_tensors(self, "weight"):
+            if not holds_plain_tensors(self, "weight") or not keeps_its_epsilon(self, eps):
                 return stock(self, hidden_states)
             return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
     else:
         def forward(self, hidden_states):
-            if not holds_plain_tensors(self, "weight", "bias"):
+            if not holds_plain_tensors(self, "weight", "bias") or not keeps_its_epsilon(self, eps):
                 return stock(self, hidden_states)
             return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
                                    offset=offset)
     return forward
+
+
+def keeps_its_epsilon(norm, eps):
+    """Whether a norm's epsilon attribute still holds `eps`, the one it was proven with (an epsilon set after
+    fuse() is the stock forward's to use)."""
+    now = _epsilon(norm)
+    return now is None or now == eps
 
 
 def _weightless_size(module):
