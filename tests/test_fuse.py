@@ -349,9 +349,10 @@ def test_gradient_checkpointing_and_compile_before_fuse():
 
 
 def test_constants_around_the_layer_and_head_are_proven_not_assumed():
-    """Granite with a residual multiplier and a logits scaling of a real checkpoint: the head's scale is
-    a variant the probe proves; the Llama-shaped residual + norm forward would drop the multiplier, so the
-    layer is left alone. Gemma 2's final-logit softcap goes to the op. The stock loss and gradients."""
+    """Granite with a residual multiplier and a logits scaling of a real checkpoint: the head's scale and
+    the layer's multiplier are variants the probe proves (the Llama-shaped residual + norm forward without
+    the multiplier is refused). Gemma 2's final-logit softcap goes to the op. The stock loss and
+    gradients."""
     import hf_families
     config = hf_families.tiny_config("granite")
     config.logits_scaling, config.residual_multiplier, config.embedding_multiplier = 8.0, 0.22, 12.0
@@ -372,7 +373,7 @@ def test_constants_around_the_layer_and_head_are_proven_not_assumed():
     granite_entries = reports["granite"].entries
     assert any(e.kind == "lm_head_loss" and "logit_scale=0.125" in e.detail for e in granite_entries)
     layers = [e for e in granite_entries if e.kind == "residual_norm"]
-    assert layers and not any(e.swapped for e in layers)
+    assert layers and all(e.swapped and "residual_multiplier=0.22, scaled=True" in e.detail for e in layers)
     assert any(e.kind == "lm_head_loss" and "softcap=30.0" in e.detail for e in reports["gemma2"].entries)
 
 
@@ -524,6 +525,7 @@ def test_residual_norm_of_each_layer_shape(model_type, layer):
     fused = fused_ops.fuse(copy.deepcopy(stock))
     layers = [e for e in fused.fused_ops_report.entries if e.kind == "residual_norm"]
     assert layers and all(e.swapped and f"layer={layer}," in e.detail for e in layers), fused.fused_ops_report
+    assert not any("scaled=True" in e.detail for e in layers)
     ids = hf_families.batch(stock)
     losses = []
     for model in (stock, fused):

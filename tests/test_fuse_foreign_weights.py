@@ -175,10 +175,12 @@ def test_a_forward_set_on_the_instance_is_left_alone_and_proves_nothing_for_its_
 
 
 @pytest.mark.parametrize("model_type, change", [
-    ("llama", "epsilon"), ("qwen3_next", "epsilon"), ("gemma2", "softcap"), ("granite", "logits_scaling")])
+    ("llama", "epsilon"), ("qwen3_next", "epsilon"), ("gemma2", "softcap"), ("granite", "logits_scaling"),
+    ("granite", "residual_multiplier")])
 def test_constants_changed_after_fuse_are_the_stock_forwards_to_use(model_type, change):
-    """fuse() proves a norm with its epsilon and the head with the config's soft cap and logit scale; a
-    value set after fuse() reaches the stock forward, never a fused one that still holds the old value."""
+    """fuse() proves a norm with its epsilon, the head with the config's soft cap and logit scale and a
+    layer with its residual multiplier; a value set after fuse() reaches the stock forward, never a fused
+    one that still holds the old value."""
     import hf_families
     stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))
@@ -191,6 +193,9 @@ def test_constants_changed_after_fuse_are_the_stock_forwards_to_use(model_type, 
                         setattr(module, name, 0.5)
         elif change == "softcap":
             model.config.final_logit_softcapping = 2.0
+        elif change == "residual_multiplier":
+            for layer in model.model.layers:
+                layer.residual_multiplier = 0.5
         else:
             model.config.logits_scaling = 0.25
     ids = hf_families.batch(stock)

@@ -132,7 +132,9 @@ def _attribute(value):
 
 
 def _describe(options):
-    return ", ".join(f"{name}={getattr(value, '__name__', value)}" for name, value in options) or "as is"
+    """The options a report shows: all but those named with a leading underscore (what a proof held for)."""
+    return ", ".join(f"{name}={getattr(value, '__name__', value)}" for name, value in options
+                     if not name.startswith("_")) or "as is"
 
 
 def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: bool = True,

@@ -6,7 +6,8 @@ layer is one of these shapes (the norm after the first add is `add_norm`):
   glm4       GLM-4's: the four-norm layer under other names
   phi3       Phi-3's: the Llama layer with a dropout on the attention's and the MLP's outputs before
              each add (in their places: the same random numbers in the same order)
-The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is; the layer's
+Any of them may scale the attention's and the MLP's outputs by `residual_multiplier` before each add
+(Granite). The MLP returns its output or, as gpt-oss's experts do, a tuple whose first item it is; the layer's
 forward takes Llama's arguments, Gemma's or Qwen3-VL's. The probe proves the variant, and that the layer
 computes what its own forward does.
 
@@ -88,10 +89,13 @@ def _decoder_layer_forward(base, options):
     stock = base.forward
     post_attention, add_norm, post_mlp = _LAYERS[options["layer"]]
     first_of_tuple = options["mlp_output"] == "first_of_tuple"
+    multiplier = options["residual_multiplier"]
+    scale = multiplier if options["scaled"] else None
 
     def layer(self, hidden_states, attention_arguments):
         norm = getattr(self, add_norm)
-        if not _plain_fused_norm(norm):
+        # The multiplier it was proven with; one set since is the stock forward's to use.
+        if not _plain_fused_norm(norm) or getattr(self, "residual_multiplier", None) != multiplier:
             return stock(self, hidden_states, **attention_arguments)
         residual = hidden_states
         if _plain_fused_norm(self.input_layernorm):
@@ -102,13 +106,15 @@ def _decoder_layer_forward(base, options):
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, **attention_arguments)
         if post_attention:
             hidden_states = getattr(self, post_attention)(hidden_states)
+        if scale is not None:
+            hidden_states = hidden_states * scale
         hidden_states, residual = _add_norm(hidden_states, residual, norm, self)
         hidden_states = self.mlp(hidden_states)
         if first_of_tuple:
             hidden_states = hidden_states[0]
         if post_mlp:
             hidden_states = getattr(self, post_mlp)(hidden_states)
-        return residual + hidden_states
+        return residual + (hidden_states if scale is None else hidden_states * scale)
 
     signature = CallSignature(inspect.signature(innermost(stock)))
 
@@ -147,9 +153,16 @@ class ResidualNormRule(Rule):
         norm = getattr(module, add_norm)
         if fused_kind(norm) != "norm":
             raise LeftAlone(f"its {add_norm} is not a proven norm")
+        # Granite's layer scales the attention's and the MLP's outputs before each add by a constant: a
+        # variant proven only where the constant is not 1 (where the probe cannot tell it is applied).
+        multiplier = getattr(module, "residual_multiplier", None)
+        if not isinstance(multiplier, (int, float)) or isinstance(multiplier, bool):
+            multiplier = None
+        scalings = (True, False) if multiplier is not None and multiplier != 1.0 else (False,)
         # The norms' op, epsilon and offset are their own fused classes' (_norm_op), read at each call.
-        return [(("layer", layer), ("mlp_output", output), ("signature", signature))
-                for output in ("tensor", "first_of_tuple")]
+        return [(("layer", layer), ("mlp_output", output), ("residual_multiplier", multiplier), ("scaled", scaled),
+                 ("signature", signature))
+                for scaled in scalings for output in ("tensor", "first_of_tuple")]
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
