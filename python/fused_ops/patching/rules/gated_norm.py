@@ -11,7 +11,7 @@ from .. import probe
 from ..swap import forward_builder, holds_plain_tensors
 from . import LeftAlone, Rule
 from .gated_mlp import ACTIVATIONS
-from .norm import NormRule, keeps_its_epsilon
+from .norm import NormRule, runs_its_fused_op
 
 
 def takes_a_gate(module) -> bool:
@@ -31,7 +31,7 @@ def _gated_norm_forward(base, options):
     def forward(self, hidden_states, gate):
         # Mixed dtypes (autocast) round differently in the module's own float32 arithmetic: its forward.
         if (not torch.is_tensor(gate) or gate.dtype != hidden_states.dtype or gate.shape != hidden_states.shape
-                or not holds_plain_tensors(self, "weight") or not keeps_its_epsilon(self, eps)):
+                or not runs_its_fused_op(self, eps)):
             return base.forward(self, hidden_states, gate)
         normalised = _ops.rms_norm(hidden_states, self.weight, eps, offset=offset)
         return _ops.gated_mul(gate, normalised, activation)

@@ -29,23 +29,24 @@ def _norm_forward(base, options):
     stock = base.forward
     if function == "rms_norm":
         def forward(self, hidden_states):
-            if not holds_plain_tensors(self, "weight") or not keeps_its_epsilon(self, eps):
+            if not runs_its_fused_op(self, eps):
                 return stock(self, hidden_states)
             return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
     else:
         def forward(self, hidden_states):
-            if not holds_plain_tensors(self, "weight", "bias") or not keeps_its_epsilon(self, eps):
+            if not runs_its_fused_op(self, eps):
                 return stock(self, hidden_states)
             return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
                                    offset=offset)
     return forward
 
 
-def keeps_its_epsilon(norm, eps):
-    """Whether a norm's epsilon attribute still holds `eps`, the one it was proven with (an epsilon set after
-    fuse() is the stock forward's to use)."""
+def runs_its_fused_op(norm, eps):
+    """Whether a fused norm may run its op: its weight and bias hold plain values (not a quantised tensor)
+    and its epsilon attribute still holds `eps`, the one it was proven with; otherwise its own forward
+    runs (an epsilon set after fuse() is the stock forward's to use)."""
     now = _epsilon(norm)
-    return now is None or now == eps
+    return (now is None or now == eps) and holds_plain_tensors(norm, "weight", "bias")
 
 
 def _weightless_size(module):

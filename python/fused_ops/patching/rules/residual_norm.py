@@ -20,9 +20,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ... import _ops
-from ..swap import CallSignature, forward_builder, fused_kind, holds_plain_tensors, innermost
+from ..swap import CallSignature, forward_builder, fused_kind, innermost
 from . import LeftAlone, Rule, exporting
-from .norm import keeps_its_epsilon
+from .norm import runs_its_fused_op
 
 # layer: (its children, the norm after the attention, the norm after the first add, the norm after the MLP)
 _LAYERS = {
@@ -66,10 +66,9 @@ def _add_norm(x, residual, norm, layer):
 
 
 def _plain_fused_norm(module):
-    """A norm the norm rule fused, with no hooks: one op, nothing else to run again."""
+    """A norm the norm rule fused, with no hooks, that runs its op: one op, nothing else to run again."""
     return (fused_kind(module) == "norm" and not module._forward_hooks and not module._forward_pre_hooks
-            and holds_plain_tensors(module, "weight", "bias")
-            and keeps_its_epsilon(module, dict(type(module)._fused_ops_options)["eps"]))
+            and runs_its_fused_op(module, dict(type(module)._fused_ops_options)["eps"]))
 
 
 def _recomputed_in_backward(layer, function, *args):
