@@ -176,11 +176,11 @@ def test_a_forward_set_on_the_instance_is_left_alone_and_proves_nothing_for_its_
 
 @pytest.mark.parametrize("model_type, change", [
     ("llama", "epsilon"), ("qwen3_next", "epsilon"), ("gemma2", "softcap"), ("granite", "logits_scaling"),
-    ("granite", "residual_multiplier")])
+    ("granite", "residual_multiplier"), ("llama", "activation"), ("qwen3_moe", "activation")])
 def test_constants_changed_after_fuse_are_the_stock_forwards_to_use(model_type, change):
-    """fuse() proves a norm with its epsilon, the head with the config's soft cap and logit scale and a
-    layer with its residual multiplier; a value set after fuse() reaches the stock forward, never a fused
-    one that still holds the old value."""
+    """fuse() proves a norm with its epsilon, the head with the config's soft cap and logit scale, a layer
+    with its residual multiplier and an MLP or experts' gate with its activation module; a value or an
+    activation set after fuse() reaches the stock forward, never a fused one that still holds the old one."""
     import hf_families
     stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))
@@ -196,6 +196,10 @@ def test_constants_changed_after_fuse_are_the_stock_forwards_to_use(model_type, 
         elif change == "residual_multiplier":
             for layer in model.model.layers:
                 layer.residual_multiplier = 0.5
+        elif change == "activation":
+            for layer in model.model.layers:
+                mlp = getattr(layer.mlp, "experts", layer.mlp)
+                mlp.act_fn = torch.nn.Tanh()
         else:
             model.config.logits_scaling = 0.25
     ids = hf_families.batch(stock)

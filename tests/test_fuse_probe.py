@@ -92,11 +92,13 @@ def test_stand_in_cuts_only_the_experts_and_takes_their_indices_modulo():
 
 @pytest.mark.parametrize("activation", ["gelu_tanh", "gelu"])
 def test_a_wrong_experts_gate_is_refused_on_the_stand_in(activation):
+    from fused_ops.patching.rules.experts_gate import ExpertsGateRule
     experts = many_experts_model("qwen3_moe").model.layers[0].mlp.experts
     inputs = experts_call(experts)
-    probe.verify(experts, fused_class(type(experts), "experts_gate", (("activation", "silu"),)), inputs)
+    options = {dict(variant)["activation"]: variant for variant in ExpertsGateRule().variants(experts, None)}
+    probe.verify(experts, fused_class(type(experts), "experts_gate", options["silu"]), inputs)
     with pytest.raises(probe.Mismatch):
-        probe.verify(experts, fused_class(type(experts), "experts_gate", (("activation", activation),)), inputs)
+        probe.verify(experts, fused_class(type(experts), "experts_gate", options[activation]), inputs)
 
 
 def test_chunked_comparison_gives_the_whole_comparison_verdict(monkeypatch):

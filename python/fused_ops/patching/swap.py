@@ -214,6 +214,12 @@ def holds_plain_tensors(module, *names) -> bool:
 _TRACING_TENSORS = (torch._subclasses.fake_tensor.FakeTensor, torch._subclasses.functional_tensor.FunctionalTensor)
 
 
+def activation_children(module, projections=()) -> Tuple[Tuple[str, type], ...]:
+    """(name, class) of a module's children other than its `projections`: what computes its activation,
+    which a fused forward that takes the activation from its proof does not call."""
+    return tuple((name, type(child)) for name, child in module._modules.items() if name not in projections)
+
+
 def is_plain_linear(module) -> bool:
     """An nn.Linear with no hooks and a weight and bias of plain values: its product may be taken from its
     weight without calling it."""

@@ -17,7 +17,8 @@ def _bias_as_autocast_adds_it(hidden, bias):
 
 def _is_plain_conv1d(module):
     return (type(module).__name__ == "Conv1D" and not module._forward_hooks and not module._forward_pre_hooks
-            and isinstance(getattr(module, "bias", None), torch.Tensor) and holds_plain_tensors(module, "weight", "bias"))
+            and isinstance(getattr(module, "bias", None), torch.Tensor)
+            and holds_plain_tensors(module, "weight", "bias"))
 
 
 def _layout(module):

@@ -6,16 +6,20 @@ routing and the experts' parameters stay transformers' own. Proven on the expert
 forward (its real routing), like every rule.
 """
 from ... import _ops
-from ..swap import forward_builder
+from ..swap import activation_children, forward_builder
 from . import LeftAlone, Rule
 from .gated_mlp import ACTIVATIONS
 
 
 @forward_builder("experts_gate", methods=("_apply_gate",))
 def _experts_gate_methods(base, options):
-    activation = options["activation"]
+    # None in a model pickled before the option existed: the stock forward (activation_children never equals it).
+    activation, activations = options["activation"], options.get("_activation_children")
+    stock = base._apply_gate
 
     def _apply_gate(self, gate_up_out):
+        if activation_children(self) != activations:  # an activation replaced after fuse(): the stock gate's
+            return stock(self, gate_up_out)
         gate, up = gate_up_out.chunk(2, dim=-1)
         return _ops.gated_mul(gate, up, activation)
     return {"_apply_gate": _apply_gate}
@@ -35,7 +39,8 @@ class ExpertsGateRule(Rule):
     def variants(self, module, context):
         if not getattr(module, "has_gate", False):
             raise LeftAlone("its experts have no gate (has_gate is False)")
-        return [(("activation", activation),) for activation in ACTIVATIONS]
+        return [(("activation", activation), ("_activation_children", activation_children(module)))
+                for activation in ACTIVATIONS]
 
     def inputs(self, module, context):
         return context.captured_inputs(module)

@@ -8,7 +8,7 @@ import torch
 
 from ... import _ops
 from .. import probe
-from ..swap import as_autocast_runs_linear, forward_builder, is_plain_linear
+from ..swap import activation_children, as_autocast_runs_linear, forward_builder, is_plain_linear
 from . import LeftAlone, Rule, check_takes_one_input
 
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
@@ -23,15 +23,25 @@ def gated_down_projection(gate, up, down, activation):
     return down(_ops.gated_mul(gate, up, activation))
 
 
+_PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
+
+
 @forward_builder("gated_mlp")
 def _gated_mlp_forward(base, options):
-    activation = options["activation"]
+    # None in a model pickled before the option existed: the stock forward (activation_children never equals it).
+    activation, activations = options["activation"], options.get("_activation_children")
+    stock = base.forward
+    # An activation module replaced after fuse() is the stock forward's to call.
     if options["stored"] == "gate_up_proj":
         def forward(self, hidden_states):
+            if activation_children(self, _PROJECTIONS) != activations:
+                return stock(self, hidden_states)
             gate, up = self.gate_up_proj(hidden_states).chunk(2, dim=-1)
             return gated_down_projection(gate, up, self.down_proj, activation)
     else:
         def forward(self, x):
+            if activation_children(self, _PROJECTIONS) != activations:
+                return stock(self, x)
             return gated_down_projection(self.gate_proj(x), self.up_proj(x), self.down_proj, activation)
     return forward
 
@@ -56,7 +66,8 @@ class GatedMLPRule(Rule):
     def variants(self, module, context):
         check_takes_one_input(module)
         stored = "gate_up_proj" if "gate_up_proj" in module._modules else "gate_proj"
-        return [(("activation", activation), ("stored", stored)) for activation in ACTIVATIONS]
+        return [(("activation", activation), ("stored", stored),
+                 ("_activation_children", activation_children(module, _PROJECTIONS))) for activation in ACTIVATIONS]
 
     def inputs(self, module, context):
         projection = module.gate_up_proj if "gate_up_proj" in module._modules else module.gate_proj

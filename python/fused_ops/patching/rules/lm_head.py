@@ -73,7 +73,7 @@ def _causal_lm_forward(base, options):
             router_logits_wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
         training_with_labels = self.training and (labels is not None or shift_labels is not None)
         if (not training_with_labels or not is_plain_linear(self.lm_head)
-                or _head_constants(self) != options["_constants"]
+                or _head_constants(self) != options.get("_constants")
                 or (router_logits_wanted and router_loss_function is None)):
             return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)

@@ -88,8 +88,8 @@ def _decoder_layer_forward(base, options):
     stock = base.forward
     post_attention, add_norm, post_mlp = _LAYERS[options["layer"]]
     first_of_tuple = options["mlp_output"] == "first_of_tuple"
-    multiplier = options["residual_multiplier"]
-    scale = multiplier if options["scaled"] else None
+    multiplier = options.get("residual_multiplier")  # absent in a model pickled before the option existed
+    scale = multiplier if options.get("scaled") else None
 
     def layer(self, hidden_states, attention_arguments):
         norm = getattr(self, add_norm)
