@@ -16,7 +16,8 @@ import hf_families  # noqa: E402
 
 import fused_ops  # noqa: E402
 
-KINDS = ["norm", "gated_norm", "gated_mlp", "experts_gate", "bias_gelu", "rotary", "residual_norm", "lm_head_loss", "causal_mask"]
+KINDS = ["norm", "gated_norm", "gated_mlp", "experts_gate", "bias_gelu", "rotary", "residual_norm", "lm_head_loss", "causal_mask",
+         "sliding_window_attention"]
 
 HEADER = """# Models
 

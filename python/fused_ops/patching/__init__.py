@@ -25,14 +25,17 @@ from .rules.lm_head import LMHeadLossRule, base_model_name
 from .rules.norm import NormRule
 from .rules.residual_norm import ResidualNormRule
 from .rules.rotary import RotaryRule
-from .swap import fused_class, fused_kind, shadowed_methods, swap
+from .rules.sliding_window import SlidingWindowAttentionRule
+from .swap import fused_kind, shadowed_methods, swap
 
 logger = logging.getLogger("fused_ops")
 
-# The order matters once: residual_norm builds on the norms proven before it.
+# The order matters twice: residual_norm builds on the norms proven before it, and the causal mask's
+# sliding-window variant on the band-aware attention proven before it.
 _RULES = [(GatedMLPRule(), "mlp"), (ExpertsGateRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"),
           (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (GatedNormRule(), "norms"),
-          (ResidualNormRule(), "residual_norms"), (CausalMaskRule(), "causal_mask")]
+          (ResidualNormRule(), "residual_norms"), (SlidingWindowAttentionRule(), "causal_mask"),
+          (CausalMaskRule(), "causal_mask")]
 
 
 class _Context:
@@ -78,7 +81,7 @@ def _prove(rule, module, context):
     """The options of the first variant proven for `module`, or raises LeftAlone with every reason."""
     reasons = []
     for options in rule.variants(module, context):
-        fused_cls = fused_class(type(module), rule.kind, options)
+        fused_cls = rule.fused_class(module, options)
         try:
             if hasattr(rule, "verify"):
                 rule.verify(module, fused_cls, context)
@@ -197,11 +200,12 @@ def _fuse_proven(model, rules, candidates, context):
     verdicts = {}  # identical modules (_configuration) share one proof: layers of a model are proven once
     for rule in rules:
         for path, module in candidates[rule.kind]:
-            if fused_kind(module):
+            if fused_kind(module) and not rule.adds_to_fused:
                 continue
+            module_class = (type(module).__bases__[0] if fused_kind(module) else type(module)).__name__
             shadowed = shadowed_methods(module, rule.kind)
             if shadowed:  # a probe of it would compare the instance's method with itself
-                report.entries.append(Entry(path, type(module).__name__, rule.kind, False,
+                report.entries.append(Entry(path, module_class, rule.kind, False,
                                             f"its {', '.join(shadowed)} is set on the instance (a wrapper such as "
                                             "accelerate's mixed precision): call fuse() before wrapping"))
                 continue
@@ -213,10 +217,10 @@ def _fuse_proven(model, rules, candidates, context):
                     verdicts[key] = reason
             options = verdicts[key]
             if isinstance(options, LeftAlone):
-                report.entries.append(Entry(path, type(module).__name__, rule.kind, False, str(options)))
+                report.entries.append(Entry(path, module_class, rule.kind, False, str(options)))
                 continue
-            report.entries.append(Entry(path, type(module).__name__, rule.kind, True, _describe(options)))
-            swap(module, rule.kind, options)
+            report.entries.append(Entry(path, module_class, rule.kind, True, _describe(options)))
+            swap(module, rule.fused_class(module, options))
     return report
 
 

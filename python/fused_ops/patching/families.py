@@ -8,25 +8,30 @@ EXTRA_NORMS = frozenset({"norm", "gated_mlp", "rotary", "lm_head_loss", "causal_
 # The experts' gate between transformers' grouped products is fused, not the products; the head adds the
 # router's loss when it is asked for.
 MOE = LLAMA_KIN - {"gated_mlp"} | {"experts_gate"}
+# Attention that takes a sliding-window mask (the tiny configs have a window): band-aware, so that the base
+# model can hand it the marker past the window.
+WINDOW = frozenset({"sliding_window_attention"})
 
 EXPECTED_FUSIONS = {
-    "llama": LLAMA_KIN, "mistral": LLAMA_KIN, "ministral": LLAMA_KIN, "qwen2": LLAMA_KIN, "qwen3": LLAMA_KIN,
+    "llama": LLAMA_KIN, "mistral": LLAMA_KIN | WINDOW, "ministral": LLAMA_KIN | WINDOW, "qwen2": LLAMA_KIN,
+    "qwen3": LLAMA_KIN,
     "smollm3": LLAMA_KIN, "granite": LLAMA_KIN, "hunyuan_v1_dense": LLAMA_KIN,
     "glm4": LLAMA_KIN,
-    "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS, "phi3": LLAMA_KIN, "exaone4": EXTRA_NORMS,
+    "olmo2": EXTRA_NORMS, "olmo3": EXTRA_NORMS | WINDOW, "phi3": LLAMA_KIN | WINDOW, "exaone4": EXTRA_NORMS | WINDOW,
     "cohere": EXTRA_NORMS,
     # (1 + weight) norms; Gemma 2 and 3's four-norm layers fuse their pre-feedforward norm with the add.
-    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN, "gemma3_text": LLAMA_KIN, "gemma3": LLAMA_KIN,  # gemma3: image-text
+    # gemma3: image-text
+    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN | WINDOW, "gemma3_text": LLAMA_KIN | WINDOW, "gemma3": LLAMA_KIN | WINDOW,
     "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
-    "mixtral": MOE, "qwen3_moe": MOE,
+    "mixtral": MOE | WINDOW, "qwen3_moe": MOE | WINDOW,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
     "gpt_oss": MOE - {"experts_gate"},  # its gate is a clamped SwiGLU with a scale, not act(gate) * up
     # Its experts clamp gate and up at swiglu_limit; its rotary is partial and interleaved, on one tensor at a
     # time; its layers mix their residual streams (hyper-connections).
     "deepseek_v4": frozenset({"norm", "lm_head_loss"}),
     # Gemma 3n and 4 rotate queries and keys in separate calls; their layers carry per-layer inputs.
-    "gemma4_text": EXTRA_NORMS, "gemma4": EXTRA_NORMS, "gemma4_unified_text": EXTRA_NORMS,
-    "gemma3n_text": EXTRA_NORMS - {"gated_mlp"},  # its MLP sparsifies the gate's activations
+    "gemma4_text": EXTRA_NORMS | WINDOW, "gemma4": EXTRA_NORMS | WINDOW, "gemma4_unified_text": EXTRA_NORMS | WINDOW,
+    "gemma3n_text": EXTRA_NORMS - {"gated_mlp"} | WINDOW,  # its MLP sparsifies the gate's activations
     "falcon_h1": EXTRA_NORMS,  # the head's lm_head_multiplier is the loss's logit scale
     "bamba": EXTRA_NORMS,
     # Granite's MoE heads: the logits scaling, and the router loss request read from the config.
@@ -45,10 +50,10 @@ EXPECTED_FUSIONS = {
     "mpt": frozenset({"norm", "lm_head_loss", "causal_mask"}),
     "falcon": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
     # Image-text models: their language model's parts, and their vision tower's norms.
-    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
+    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE | WINDOW,
     "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
-    "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN,
-    "muse_glimmer": LLAMA_KIN,  # its head's output multiplier and softcap, from the text config
+    "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN | WINDOW,
+    "muse_glimmer": LLAMA_KIN | WINDOW,  # its head's output multiplier and softcap, from the text config
     # Hybrids of linear and full attention: the full attention layers' parts, and the linear attention's
     # gated norm, act(gate) * norm(x), as rms_norm + gated_mul.
     "qwen3_next": MOE | {"gated_mlp", "gated_norm"}, "qwen3_5": LLAMA_KIN | {"gated_norm"},

@@ -18,6 +18,8 @@ _FORWARD_BUILDERS: Dict[str, Callable] = {}
 _CLASSES: Dict[Tuple, type] = {}
 # kind -> the names of the methods its fused class defines
 _REPLACED_METHODS: Dict[str, Tuple[str, ...]] = {}
+# option name -> function(forward, value) -> forward: a change any kind's fused forward may carry on top
+_FORWARD_OPTIONS: Dict[str, Callable] = {}
 
 
 def forward_builder(kind: str, methods: Tuple[str, ...] = ("forward",)):
@@ -27,6 +29,15 @@ def forward_builder(kind: str, methods: Tuple[str, ...] = ("forward",)):
         _FORWARD_BUILDERS[kind] = build
         _REPLACED_METHODS[kind] = methods
         return build
+    return register
+
+
+def forward_option(name: str):
+    """Registers a change of the fused forward that an option `name` makes whatever the kind (the
+    band-aware attention of rules/sliding_window.py on top of a rotary one, say)."""
+    def register(change):
+        _FORWARD_OPTIONS[name] = change
+        return change
     return register
 
 
@@ -42,7 +53,10 @@ def fused_class(base: type, kind: str, options: tuple) -> type:
     key = (base, kind, options)
     if key not in _CLASSES:
         built = _FORWARD_BUILDERS[kind](base, dict(options))
-        methods = built if isinstance(built, dict) else {"forward": built}
+        methods = dict(built) if isinstance(built, dict) else {"forward": built}
+        for name, value in options:
+            if name in _FORWARD_OPTIONS:
+                methods["forward"] = _FORWARD_OPTIONS[name](methods.get("forward", base.forward), value)
         _CLASSES[key] = type(f"Fused{base.__name__}", (base,), {
             **methods, "_fused_ops_kind": kind, "_fused_ops_options": options,
             "__reduce_ex__": _reduce_fused, "__module__": base.__module__})
@@ -54,8 +68,9 @@ def fused_kind(module) -> str:
     return getattr(type(module), "_fused_ops_kind", None)
 
 
-def swap(module, kind: str, options: tuple) -> None:
-    module.__class__ = fused_class(type(module), kind, options)
+def swap(module, cls: type) -> None:
+    """Makes `module` an instance of `cls`, a fused class of its own class (fused_class)."""
+    module.__class__ = cls
     _keep_output_recording(module)
 
 

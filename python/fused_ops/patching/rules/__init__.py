@@ -5,6 +5,8 @@ from typing import Iterable, List, Optional, Tuple
 
 import torch
 
+from ..swap import fused_class, fused_kind
+
 
 class LeftAlone(Exception):
     """A candidate the rule cannot replace; the message says why."""
@@ -16,6 +18,7 @@ class Rule:
     needs_capture = False          # its probe inputs are the arguments of a call in the model's probe forward
     random_parameters = True       # probe with random parameters (False: the module's own, e.g. a whole model)
     large_inputs = False           # prove again with inputs far above unit scale, where clamps act
+    adds_to_fused = False          # also takes modules another rule has swapped, adding its option to theirs
 
     def candidates(self, model) -> Iterable[Tuple[str, torch.nn.Module]]:
         raise NotImplementedError
@@ -26,6 +29,14 @@ class Rule:
 
     def inputs(self, module, context):
         raise NotImplementedError
+
+    def fused_class(self, module, options):
+        """The class `module` becomes with `options`: the rule's own fused class of the module's class, or,
+        for a module another rule has swapped, that rule's with these options added."""
+        if fused_kind(module):
+            cls = type(module)
+            return fused_class(cls.__bases__[0], cls._fused_ops_kind, cls._fused_ops_options + tuple(options))
+        return fused_class(type(module), self.kind, tuple(options))
 
     def select(self, module, options) -> Optional[callable]:
         """What of an output must match (None: all of it)."""

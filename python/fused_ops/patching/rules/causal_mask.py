@@ -1,18 +1,26 @@
 """Plain causal attention without a materialized mask: the base model's create_causal_mask returns None
 (SDPA's is_causal) for a forward given neither a padding mask nor positions, with no cache or an empty
 one, also while torch.compile traces (where transformers otherwise materialises the mask, and SDPA runs
-its slower masked kernels and no longer skips the masked-out half)."""
+its slower masked kernels and no longer skips the masked-out half). In the same plain case, a proven
+variant has create_sliding_window_causal_mask return None where the sequence fits the window and the
+SlidingWindowCausal marker where it does not, for attention made band-aware (rules/sliding_window.py)."""
 import inspect
 
 import torch
 
+from .. import probe
 from ..swap import forward_builder, innermost, with_global
 from . import LeftAlone, Rule, exporting
+from .sliding_window import SlidingWindowCausal, markers
 
 # create_causal_mask's arguments that do not change the mask from the plain causal one when None (or,
 # for allow_is_causal_skip, True); any other argument given keeps transformers' mask.
 _PLAIN_MASK_ARGUMENTS = {"config", "inputs_embeds", "input_embeds", "attention_mask", "past_key_values",
                          "position_ids", "cache_position", "layer_idx", "allow_is_causal_skip"}
+
+
+# The window the sliding-window variant is proven with on the probe's six tokens.
+_PROOF_WINDOW = 2
 
 
 class PlainCausalMask:
@@ -23,21 +31,44 @@ class PlainCausalMask:
         self.names = list(inspect.signature(create_causal_mask).parameters)
 
     def __call__(self, *args, **kwargs):
-        arguments = dict(zip(self.names, args), **kwargs)
+        return None if self.plain(dict(zip(self.names, args), **kwargs)) else self.create_causal_mask(*args, **kwargs)
+
+    @staticmethod
+    def plain(arguments):
         config, cache = arguments.get("config"), arguments.get("past_key_values")
         fresh = cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0)
-        plain = (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
-                 and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
-                 and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                 and not exporting())
-        return None if plain else self.create_causal_mask(*args, **kwargs)
+        return (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
+                and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
+                and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
+                and not exporting())
+
+
+class PlainSlidingWindowMask(PlainCausalMask):
+    """transformers' create_sliding_window_causal_mask, returning for the plain case (PlainCausalMask's) None
+    where the sequence fits the window and the SlidingWindowCausal marker where it does not."""
+
+    def __call__(self, *args, **kwargs):
+        arguments = dict(zip(self.names, args), **kwargs)
+        window = getattr(arguments.get("config"), "sliding_window", None)
+        embeddings = arguments.get("inputs_embeds", arguments.get("input_embeds"))
+        if (not self.plain(arguments) or not torch.is_tensor(embeddings) or embeddings.dim() != 3
+                or not isinstance(window, int) or isinstance(window, bool) or window < 1):
+            return self.create_causal_mask(*args, **kwargs)
+        if embeddings.shape[1] <= window:
+            return None
+        if not torch.compiler.is_compiling():
+            markers["made"] += 1
+        return SlidingWindowCausal(window)
 
 
 @forward_builder("causal_mask")
 def _causal_mask_forward(base, options):
     stock = base.forward
-    create = innermost(stock).__globals__["create_causal_mask"]
-    plain = with_global(stock, "create_causal_mask", PlainCausalMask(create))
+    functions = innermost(stock).__globals__
+    plain = with_global(stock, "create_causal_mask", PlainCausalMask(functions["create_causal_mask"]))
+    if options.get("sliding_window"):
+        plain = with_global(plain, "create_sliding_window_causal_mask",
+                            PlainSlidingWindowMask(functions["create_sliding_window_causal_mask"]))
 
     def forward(self, *args, **kwargs):
         # Positions given may describe packed sequences, whose mask is not the plain causal one.
@@ -69,7 +100,31 @@ class CausalMaskRule(Rule):
             raise LeftAlone("create_causal_mask's arguments are not the ones this rule knows")
         if with_global(type(module).forward, "create_causal_mask", None) is None:
             raise LeftAlone("its forward's decorators do not hold the function they wrap")
-        return [()]
+        code = innermost(type(module).forward).__code__
+        sliding = "create_sliding_window_causal_mask" in code.co_names and callable(
+            innermost(type(module).forward).__globals__.get("create_sliding_window_causal_mask"))
+        return [(("sliding_window", True),), ()] if sliding else [()]
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
+
+    def verify(self, module, fused_cls, context):
+        """The whole base model, stock against swapped, with its own parameters (its mask, not its weights,
+        is what changes); the sliding-window variant once more with the config's window cut to
+        _PROOF_WINDOW, so that the probe's tokens overrun it and its attention takes the marker."""
+        inputs = self.inputs(module, context)
+        probe.verify(module, fused_cls, inputs, random_parameters=False)
+        if not dict(fused_cls._fused_ops_options).get("sliding_window"):
+            return
+        config = getattr(module, "config", None)
+        window = getattr(config, "sliding_window", None)
+        if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+            raise probe.Mismatch("its config has no sliding window")
+        before = dict(markers)
+        config.sliding_window = min(window, _PROOF_WINDOW)
+        try:
+            probe.verify(module, fused_cls, inputs, random_parameters=False)
+        finally:
+            config.sliding_window = window
+        if markers["made"] == before["made"] or markers["taken"] == before["taken"]:
+            raise probe.Mismatch("its probe forward made no sliding-window mask for a band-aware attention")

@@ -1,0 +1,181 @@
+"""Sliding-window causal attention without a sequence-wide mask. transformers materialises the mask of a
+sliding-window layer whenever the sequence reaches the window (Phi-3-mini's window is 2047 tokens, so a
+2048-token batch has one), and SDPA then runs its masked kernel over every query-key pair. Here the base
+model hands such layers a `SlidingWindowCausal` marker instead (rules/causal_mask.py), and their attention
+computes the same function in two SDPA calls: the first `window` queries are plain causal (SDPA's
+is_causal, the flash kernel), and every later block of queries attends one fixed-width window of keys
+under one small band mask that all blocks share. A marker reaching anything else raises: it is no tensor."""
+import functools
+import inspect
+import sys
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .. import probe
+from ..swap import forward_builder, forward_option, innermost, with_global
+from . import LeftAlone, Rule
+
+# How many markers the base models' mask functions have made and attention functions have taken (outside
+# torch.compile): the causal mask's proof checks that its probe forward did both.
+markers = {"made": 0, "taken": 0}
+
+
+class SlidingWindowCausal(NamedTuple):
+    """What a sliding-window layer attends: each query the `window` latest keys up to its own position."""
+    window: int
+
+
+def sliding_window_mask(window, query_length, key_length, device):
+    """The boolean mask transformers builds for the marker's pattern (queries the last of the keys)."""
+    rows = torch.arange(query_length, device=device)[:, None] + (key_length - query_length)
+    keys = torch.arange(key_length, device=device)[None, :]
+    return (keys <= rows) & (keys > rows - window)
+
+
+def _stock_sdpa():
+    module = sys.modules.get("transformers.integrations.sdpa_attention")
+    return getattr(module, "sdpa_attention_forward", None)
+
+
+def banded_attention(attention, module, query, key, value, window, **kwargs):
+    """`attention` (transformers' SDPA function: queries, keys, values as (batch, heads, length, dim), the
+    output as (batch, length, heads, dim)) under the sliding-window causal pattern, as a causal head block
+    and one batched call over the later blocks of min(window, rest) queries, each attending the
+    block + window - 1 keys that end at its last query (padded at the end; padded rows are dropped)."""
+    batch, _, length, _ = query.shape
+    head_kwargs = dict(kwargs, is_causal=True)
+    if length <= window:
+        return attention(module, query, key, value, None, **head_kwargs)
+    head, _ = attention(module, query[:, :, :window], key[:, :, :window], value[:, :, :window], None, **head_kwargs)
+    rest = length - window
+    block = min(rest, window)
+    blocks = -(-rest // block)
+    span = block + window - 1
+    key_padding = (blocks - 1) * block + span - (length - 1)
+
+    def windows(states):  # block b's keys start at b * block + 1
+        states = F.pad(states[:, :, 1:], (0, 0, 0, key_padding))
+        return states.unfold(2, span, block).permute(0, 2, 1, 4, 3).reshape(batch * blocks, states.shape[1], span,
+                                                                              states.shape[-1])
+    queries = F.pad(query[:, :, window:], (0, 0, 0, blocks * block - rest))
+    queries = queries.reshape(batch, query.shape[1], blocks, block, -1).transpose(1, 2).reshape(
+        batch * blocks, query.shape[1], block, -1)
+    rows = torch.arange(block, device=query.device)[:, None]
+    columns = torch.arange(span, device=query.device)[None, :]
+    band = ((columns >= rows) & (columns < rows + window)).expand(batch * blocks, 1, block, span)
+    tail, _ = attention(module, queries, windows(key), windows(value), band, **dict(kwargs, is_causal=False))
+    tail = tail.reshape(batch, blocks * block, *tail.shape[2:])[:, :rest]
+    return torch.cat([head, tail], dim=1), None
+
+
+def band_aware_attention(attention, reference, module, query, key, value, attention_mask, *args, **kwargs):
+    """An attention function that takes the marker: banded where the call is the plain causal SDPA one it
+    was proven for (no dropout, queries and keys aligned), the materialised mask otherwise (and as the
+    reference a proof compares with)."""
+    if not isinstance(attention_mask, SlidingWindowCausal):
+        return attention(module, query, key, value, attention_mask, *args, **kwargs)
+    if not torch.compiler.is_compiling():
+        markers["taken"] += 1
+    dropout = kwargs.get("dropout", 0.0)
+    if (reference or args or attention is not _stock_sdpa() or query.shape[2] != key.shape[2]
+            or not isinstance(dropout, (int, float)) or dropout != 0 or kwargs.get("position_bias") is not None):
+        mask = sliding_window_mask(attention_mask.window, query.shape[2], key.shape[2], query.device)
+        mask = mask.expand(query.shape[0], 1, *mask.shape)
+        return attention(module, query, key, value, mask, *args, **kwargs)
+    return banded_attention(attention, module, query, key, value, attention_mask.window, **kwargs)
+
+
+class BandAwareFunctions:
+    """transformers' ALL_ATTENTION_FUNCTIONS as one attention forward sees it: each function band-aware."""
+
+    def __init__(self, functions, reference):
+        self.functions, self.reference = functions, reference
+
+    def get_interface(self, name, default):
+        return functools.partial(band_aware_attention, self.functions.get_interface(name, default), self.reference)
+
+    def __getitem__(self, name):
+        return functools.partial(band_aware_attention, self.functions[name], self.reference)
+
+    def __getattr__(self, name):
+        return getattr(self.functions, name)
+
+
+@forward_option("band_aware")
+def _band_aware_forward(forward, value):
+    """`forward` with its attention functions band-aware; "reference" materialises the marker's mask."""
+    functions = innermost(forward).__globals__["ALL_ATTENTION_FUNCTIONS"]
+    return with_global(forward, "ALL_ATTENTION_FUNCTIONS", BandAwareFunctions(functions, value == "reference"))
+
+
+@forward_builder("sliding_window_attention")
+def _stock_forward(base, options):
+    """An attention no other rule has swapped: its own forward, made band-aware by the option."""
+    return base.forward
+
+
+def has_sliding_window(module):
+    """An attention that may take a sliding-window mask: its own `sliding_window` (None on a full layer), else
+    its config's (a layer's type need not say which mask its base model hands it: MiniMax's full-attention
+    layers take the sliding-window one). One that never takes it runs as before."""
+    if "sliding_window" in vars(module):
+        window = vars(module)["sliding_window"]
+    else:
+        window = getattr(getattr(module, "config", None), "sliding_window", None)
+    return isinstance(window, int) and not isinstance(window, bool) and window > 0
+
+
+# Windows the proof runs the banded attention with on the probe's six tokens: blocks of two, one block of
+# three, one of two, and a single query after the head. (A window of one gives queries no gradient at
+# all, which leaves nothing but rounding to compare.)
+_PROOF_WINDOWS = (2, 3, 4, 5)
+
+
+class SlidingWindowAttentionRule(Rule):
+    kind = "sliding_window_attention"
+    description = ("sliding-window causal attention -> a causal block and key windows under one small band mask "
+                   "(no sequence-wide mask)")
+    needs_capture = True
+    adds_to_fused = True  # an attention whose rotary embedding is swapped becomes band-aware on top
+
+    def candidates(self, model):
+        for name, module in model.named_modules():
+            code = getattr(innermost(type(module).forward), "__code__", None)
+            if code is not None and "ALL_ATTENTION_FUNCTIONS" in code.co_names and has_sliding_window(module):
+                yield name, module
+
+    def variants(self, module, context):
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if implementation != "sdpa":
+            raise LeftAlone(f"its attention runs as {implementation!r}; the banded form is SDPA's")
+        if with_global(type(module).forward, "ALL_ATTENTION_FUNCTIONS", None) is None:
+            raise LeftAlone("its forward's decorators do not hold the function they wrap")
+        return [(("band_aware", True),)]
+
+    def verify(self, module, fused_cls, context):
+        """The banded forward against the same forward given the materialised mask, with random parameters in
+        float64, in eval and train mode, outputs and gradients, for each of _PROOF_WINDOWS."""
+        inputs = context.captured_inputs(module)
+        try:
+            names = list(inspect.signature(type(module).forward).parameters)[1:]
+        except (TypeError, ValueError):
+            raise LeftAlone("its forward's signature cannot be read") from None
+        if "attention_mask" not in names:
+            raise LeftAlone("its forward takes no attention_mask")
+        position = names.index("attention_mask")
+        reference_cls = self.fused_class(module, (("band_aware", "reference"),))
+        for window in _PROOF_WINDOWS:
+            def make(dtype, device, window=window):
+                args, kwargs = inputs.make(dtype, device)
+                if position < len(args):
+                    args = args[:position] + (SlidingWindowCausal(window),) + args[position + 1:]
+                else:
+                    kwargs = dict(kwargs, attention_mask=SlidingWindowCausal(window))
+                return args, kwargs
+            with probe.as_class(module, reference_cls):
+                try:
+                    probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input))
+                except probe.Mismatch as mismatch:
+                    raise probe.Mismatch(f"with a window of {window}: {mismatch}") from None

@@ -1,0 +1,180 @@
+"""Sliding-window attention past its window: the banded SDPA calls against the masked one, and fuse() on
+every family whose base model hands its sliding-window layers the marker, with a window shorter than the
+batch (the family test's batch fits the tiny configs' window, where no layer takes the marker)."""
+import copy
+import io
+import sys
+import warnings
+
+import pytest
+import torch
+
+import fused_ops
+from fused_ops.patching.rules.sliding_window import SlidingWindowCausal, banded_attention, sliding_window_mask
+
+transformers = pytest.importorskip("transformers")
+import hf_families  # noqa: E402
+from test_fuse_families import assert_close_relative, training_step  # noqa: E402
+
+sdpa_attention_forward = sys.modules["transformers.integrations.sdpa_attention"].sdpa_attention_forward \
+    if "transformers.integrations.sdpa_attention" in sys.modules else None
+
+
+class Heads(torch.nn.Module):
+    """What transformers' SDPA function reads of an attention module."""
+
+    def __init__(self, groups):
+        super().__init__()
+        self.num_key_value_groups, self.is_causal = groups, True
+
+
+def masked_reference(query, key, value, window):
+    """The attention of the marker's pattern with the mask materialised, in float64."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = (t.double().repeat_interleave(groups, 1) for t in (key, value))
+    mask = sliding_window_mask(window, query.shape[2], key.shape[2], query.device)
+    return torch.nn.functional.scaled_dot_product_attention(query.double(), key, value, attn_mask=mask).transpose(1, 2)
+
+
+# (sequence, window, heads, key-value heads): windows below, at and above the sequence, remainders that leave
+# the last block part-filled, a single query past the window (Phi-3-mini at 2048 tokens), one KV head.
+SHAPES = [(12, 3, 4, 2), (13, 4, 4, 4), (9, 8, 2, 1), (10, 10, 2, 2), (7, 16, 4, 2), (17, 5, 4, 1), (11, 2, 2, 2),
+          (20, 6, 6, 3)]
+
+
+@pytest.mark.parametrize("length,window,heads,kv_heads", SHAPES)
+def test_banded_attention_matches_the_masked_attention_with_gradients(length, window, heads, kv_heads):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as attention
+    generator = torch.Generator().manual_seed(length * 100 + window)
+    query, key, value = (torch.randn(2, h, length, 8, generator=generator, dtype=torch.float64, requires_grad=True)
+                         for h in (heads, kv_heads, kv_heads))
+    got, _ = banded_attention(attention, Heads(heads // kv_heads), query, key, value, window, scaling=8 ** -0.5)
+    want = masked_reference(query, key, value, window)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    cotangent = torch.randn(want.shape, generator=generator, dtype=torch.float64)
+    got_grads = torch.autograd.grad(got, (query, key, value), cotangent)
+    want_grads = torch.autograd.grad(want, (query, key, value), cotangent)
+    for name, g, w in zip("qkv", got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+# The families whose tiny model gets the marker (the causal mask's sliding_window variant) from fuse().
+SLIDING_WINDOW_FAMILIES = ["mistral", "ministral", "ministral3", "mixtral", "phi3", "phimoe", "qwen3_moe", "starcoder2",
+                           "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "gemma4_unified_text", "vaultgemma",
+                           "cohere2", "cohere2_moe", "exaone4", "exaone_moe", "olmo3", "minimax", "afmoe", "cwm",
+                           "inkling_text", "modernbert-decoder", "mistral3", "muse_glimmer", "phi4_multimodal",
+                           "aya_vision", "cohere2_vision", "idefics2"]
+SHORT_WINDOW = 3
+
+
+def with_short_window(model_type):
+    reason = hf_families.why_not_testable(model_type)
+    if reason is not None:
+        pytest.skip(f"a tiny {model_type} does not build or run: {reason}")
+    stock = hf_families.build(model_type)
+    configs = {id(c): c for m in stock.modules() if (c := getattr(m, "config", None)) is not None}
+    for config in configs.values():
+        if isinstance(getattr(config, "sliding_window", None), int):
+            config.sliding_window = SHORT_WINDOW
+    fused = copy.deepcopy(stock)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused_ops.fuse(fused)
+    return stock, fused
+
+
+@pytest.mark.parametrize("model_type", SLIDING_WINDOW_FAMILIES)
+def test_family_past_its_window_computes_what_the_stock_model_does(model_type):
+    stock, fused = with_short_window(model_type)
+    report = fused.fused_ops_report
+    masks = [e for e in report.entries if e.kind == "causal_mask" and e.swapped]
+    assert masks and all("sliding_window=True" in e.detail for e in masks), str(report)
+    assert report.counts().get("sliding_window_attention", 0) > 0, str(report)
+    ids = hf_families.batch(stock)
+    assert ids.shape[1] > SHORT_WINDOW + 3
+    labels = ids.clone()
+    labels[0, :3] = -100
+    want_loss, want_grads = training_step(stock, ids, labels)
+    got_loss, got_grads = training_step(fused, ids, labels)
+    assert_close_relative(got_loss, want_loss, 1e-4, f"{model_type} loss\n{report}")
+    for name, want in want_grads.items():
+        if want is not None:
+            assert_close_relative(got_grads[name], want, 1e-3, f"{model_type} gradient of {name}\n{report}")
+    stock.eval(), fused.eval()
+    buffer = io.BytesIO()
+    torch.save(fused, buffer)
+    buffer.seek(0)
+    with torch.no_grad():
+        want = stock(input_ids=ids).logits
+        for model in (fused, torch.load(buffer, weights_only=False), copy.deepcopy(fused)):
+            assert_close_relative(model(input_ids=ids).logits, want, 1e-4, f"{model_type} eval logits")
+
+
+@pytest.mark.parametrize("model_type", ["phi3", "gemma3_text"])
+def test_compiled_family_past_its_window_traces_one_graph_and_matches_stock(model_type):
+    stock, fused = with_short_window(model_type)
+    ids = hf_families.batch(stock)
+    stock.train(), fused.train()
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, fullgraph=True)
+    want_loss, want_grads = training_step(stock, ids, ids)
+    got_loss, _ = training_step(compiled, ids, ids)
+    got_grads = {name: p.grad for name, p in fused.named_parameters()}
+    assert_close_relative(got_loss, want_loss, 1e-4, f"{model_type} compiled loss")
+    for name, want in want_grads.items():
+        if want is not None:
+            assert_close_relative(got_grads[name], want, 1e-3, f"{model_type} compiled gradient of {name}")
+
+
+def test_generation_from_a_prompt_past_the_window_is_the_stock_one():
+    stock, fused = with_short_window("mistral")
+    stock.eval(), fused.eval()
+    ids = hf_families.batch(stock)
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    assert torch.equal(fused.generate(ids, **settings), stock.generate(ids, **settings))
+
+
+def test_an_attention_put_back_to_stock_after_fuse_raises_instead_of_ignoring_the_window():
+    """The marker is no tensor: a stock attention handed it fails loudly, never attends past the window."""
+    stock, fused = with_short_window("phi3")
+    layer = fused.model.layers[0]
+    layer.self_attn = copy.deepcopy(stock.model.layers[0].self_attn)
+    with pytest.raises((TypeError, AttributeError)):
+        fused(input_ids=hf_families.batch(stock))
+
+
+def test_a_dropout_in_training_runs_the_masked_attention():
+    """With attention dropout, the banded calls would draw other dropout masks: the band-aware attention
+    materialises the mask and runs the stock call, so training matches the stock model's masks."""
+    reason = hf_families.why_not_testable("mistral")
+    if reason is not None:
+        pytest.skip(reason)
+    stock = hf_families.build("mistral")
+    stock.config.sliding_window, stock.config.attention_dropout = SHORT_WINDOW, 0.25
+    for layer in stock.model.layers:
+        layer.self_attn.attention_dropout = 0.25
+    fused = copy.deepcopy(stock)
+    fused_ops.fuse(fused)
+    assert "sliding_window=True" in str(fused.fused_ops_report)
+    ids = hf_families.batch(stock)
+    stock.train(), fused.train()
+    want_loss, _ = training_step(stock, ids, ids)
+    got_loss, _ = training_step(fused, ids, ids)
+    assert_close_relative(got_loss, want_loss, 1e-5, "loss with attention dropout")
+
+
+def test_the_marker_is_made_only_past_the_window():
+    stock, fused = with_short_window("phi3")
+    base = fused.model
+    seen = []
+    hook = base.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+    with torch.no_grad():
+        fused(input_ids=torch.zeros(1, SHORT_WINDOW, dtype=torch.long))
+        fused(input_ids=torch.zeros(1, SHORT_WINDOW + 1, dtype=torch.long))
+        fused(input_ids=torch.zeros(1, SHORT_WINDOW + 1, dtype=torch.long),
+              attention_mask=torch.ones(1, SHORT_WINDOW + 1, dtype=torch.long))
+    hook.remove()
+    assert seen[0] is None
+    assert seen[1] == SlidingWindowCausal(SHORT_WINDOW)
+    assert torch.is_tensor(seen[2]), "a padding mask given: transformers' own mask"
