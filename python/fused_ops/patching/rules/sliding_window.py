@@ -28,7 +28,7 @@ class SlidingWindowCausal(NamedTuple):
 
 
 def sliding_window_mask(window, query_length, key_length, device):
-    """The boolean mask transformers builds for the marker's pattern (queries the last of the keys)."""
+    """The boolean mask transformers builds for the marker's pattern (the queries are the last keys' tokens)."""
     rows = torch.arange(query_length, device=device)[:, None] + (key_length - query_length)
     keys = torch.arange(key_length, device=device)[None, :]
     return (keys <= rows) & (keys > rows - window)
@@ -53,15 +53,19 @@ def banded_attention(attention, module, query, key, value, window, **kwargs):
     block = min(rest, window)
     blocks = -(-rest // block)
     span = block + window - 1
-    key_padding = (blocks - 1) * block + span - (length - 1)
+    queries = query[:, :, window:]
 
     def windows(states):  # block b's keys start at b * block + 1
-        states = F.pad(states[:, :, 1:], (0, 0, 0, key_padding))
+        states = states[:, :, 1:]
+        if blocks == 1:  # the keys after the first: a view, which the backward saves without a copy
+            return states
+        states = F.pad(states, (0, 0, 0, (blocks - 1) * block + span - (length - 1)))
         return states.unfold(2, span, block).permute(0, 2, 1, 4, 3).reshape(batch * blocks, states.shape[1], span,
                                                                               states.shape[-1])
-    queries = F.pad(query[:, :, window:], (0, 0, 0, blocks * block - rest))
-    queries = queries.reshape(batch, query.shape[1], blocks, block, -1).transpose(1, 2).reshape(
-        batch * blocks, query.shape[1], block, -1)
+    if blocks > 1:
+        queries = F.pad(queries, (0, 0, 0, blocks * block - rest))
+        queries = queries.reshape(batch, query.shape[1], blocks, block, -1).transpose(1, 2).reshape(
+            batch * blocks, query.shape[1], block, -1)
     rows = torch.arange(block, device=query.device)[:, None]
     columns = torch.arange(span, device=query.device)[None, :]
     band = ((columns >= rows) & (columns < rows + window)).expand(batch * blocks, 1, block, span)
