@@ -178,3 +178,15 @@ def test_the_marker_is_made_only_past_the_window():
     assert seen[0] is None
     assert seen[1] == SlidingWindowCausal(SHORT_WINDOW)
     assert torch.is_tensor(seen[2]), "a padding mask given: transformers' own mask"
+
+
+def test_a_torchscript_trace_keeps_transformers_mask(monkeypatch):
+    """A trace keeps the shapes of the one call it records: the banded calls would bake in its length."""
+    stock, fused = with_short_window("phi3")
+    seen = []
+    fused.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs.get("attention_mask")), with_kwargs=True)
+    monkeypatch.setattr(torch.jit, "is_tracing", lambda: True)
+    with torch.no_grad():
+        fused(input_ids=torch.zeros(1, SHORT_WINDOW + 2, dtype=torch.long))
+    assert torch.is_tensor(seen[0])

@@ -35,12 +35,14 @@ class PlainCausalMask:
 
     @staticmethod
     def plain(arguments):
+        """No padding mask, positions or filled cache, SDPA, and no export or TorchScript trace (which would
+        keep the shapes of the mask this call skips)."""
         config, cache = arguments.get("config"), arguments.get("past_key_values")
         fresh = cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0)
         return (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
                 and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
                 and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                and not exporting())
+                and not exporting() and not torch.jit.is_tracing())
 
 
 class PlainSlidingWindowMask(PlainCausalMask):
