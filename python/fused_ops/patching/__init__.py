@@ -152,7 +152,7 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     keep working. The swaps are instance-level subclasses that pickle and deepcopy. The LM head + loss
     skips the logits only when training with labels; in eval mode the logits come back with the loss.
     `model.fused_ops_report` says what was swapped and left alone, and why (`verbose=True` prints it).
-    The keyword flags turn kinds off.
+    The keyword flags turn kinds off (`causal_mask` also turns off the sliding-window attention).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fused_ops.fuse: expected a torch.nn.Module, got {type(model).__name__}")
