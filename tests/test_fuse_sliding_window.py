@@ -3,7 +3,6 @@ every family whose base model hands its sliding-window layers the marker, with a
 batch (the family test's batch fits the tiny configs' window, where no layer takes the marker)."""
 import copy
 import io
-import sys
 import warnings
 
 import pytest
@@ -15,9 +14,6 @@ from fused_ops.patching.rules.sliding_window import SlidingWindowCausal, banded_
 transformers = pytest.importorskip("transformers")
 import hf_families  # noqa: E402
 from test_fuse_families import assert_close_relative, training_step  # noqa: E402
-
-sdpa_attention_forward = sys.modules["transformers.integrations.sdpa_attention"].sdpa_attention_forward \
-    if "transformers.integrations.sdpa_attention" in sys.modules else None
 
 
 class Heads(torch.nn.Module):
