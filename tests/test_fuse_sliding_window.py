@@ -186,3 +186,21 @@ def test_a_torchscript_trace_keeps_transformers_mask(monkeypatch):
     with torch.no_grad():
         fused(input_ids=torch.zeros(1, SHORT_WINDOW + 2, dtype=torch.long))
     assert torch.is_tensor(seen[0])
+
+
+def test_attention_no_base_model_hands_the_marker_goes_back_and_says_so():
+    """Gemma 3's image-text model makes its masks itself (its images attend both ways): its language
+    model's causal mask is left as is, so band-aware attention there would take nothing."""
+    reason = hf_families.why_not_testable("gemma3")
+    if reason is not None:
+        pytest.skip(reason)
+    model = hf_families.build("gemma3")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused_ops.fuse(model)
+    entries = [e for e in model.fused_ops_report.entries if e.kind == "sliding_window_attention"]
+    assert entries and not any(e.swapped for e in entries)
+    assert all("no swapped base model hands it" in e.detail for e in entries)
+    for entry in entries:
+        options = getattr(type(model.get_submodule(entry.path)), "_fused_ops_options", ())
+        assert all(name != "band_aware" for name, _ in options), entry.path

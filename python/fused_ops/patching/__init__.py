@@ -221,6 +221,8 @@ def _fuse_proven(model, rules, candidates, context):
                 continue
             report.entries.append(Entry(path, module_class, rule.kind, True, _describe(options)))
             swap(module, rule.fused_class(module, options))
+    for rule in rules:
+        rule.settle(model, report)
     return report
 
 

@@ -21,7 +21,7 @@ EXPECTED_FUSIONS = {
     "cohere": EXTRA_NORMS,
     # (1 + weight) norms; Gemma 2 and 3's four-norm layers fuse their pre-feedforward norm with the add.
     # gemma3: image-text
-    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN | WINDOW, "gemma3_text": LLAMA_KIN | WINDOW, "gemma3": LLAMA_KIN | WINDOW,
+    "gemma": LLAMA_KIN, "gemma2": LLAMA_KIN | WINDOW, "gemma3_text": LLAMA_KIN | WINDOW, "gemma3": LLAMA_KIN,
     "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
     "mixtral": MOE | WINDOW, "qwen3_moe": MOE | WINDOW,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
@@ -30,7 +30,7 @@ EXPECTED_FUSIONS = {
     # time; its layers mix their residual streams (hyper-connections).
     "deepseek_v4": frozenset({"norm", "lm_head_loss"}),
     # Gemma 3n and 4 rotate queries and keys in separate calls; their layers carry per-layer inputs.
-    "gemma4_text": EXTRA_NORMS | WINDOW, "gemma4": EXTRA_NORMS | WINDOW, "gemma4_unified_text": EXTRA_NORMS | WINDOW,
+    "gemma4_text": EXTRA_NORMS | WINDOW, "gemma4": EXTRA_NORMS, "gemma4_unified_text": EXTRA_NORMS | WINDOW,
     "gemma3n_text": EXTRA_NORMS - {"gated_mlp"} | WINDOW,  # its MLP sparsifies the gate's activations
     "falcon_h1": EXTRA_NORMS,  # the head's lm_head_multiplier is the loss's logit scale
     "bamba": EXTRA_NORMS,
@@ -50,7 +50,7 @@ EXPECTED_FUSIONS = {
     "mpt": frozenset({"norm", "lm_head_loss", "causal_mask"}),
     "falcon": frozenset({"norm", "rotary", "lm_head_loss", "causal_mask"}),
     # Image-text models: their language model's parts, and their vision tower's norms.
-    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE | WINDOW,
+    "qwen2_vl": LLAMA_KIN, "qwen2_5_vl": LLAMA_KIN, "qwen3_vl": LLAMA_KIN, "qwen3_vl_moe": MOE,
     "glm4v": LLAMA_KIN, "glm4v_moe": LLAMA_KIN | {"experts_gate"}, "llava": LLAMA_KIN, "paligemma": LLAMA_KIN,
     "internvl": LLAMA_KIN, "smolvlm": LLAMA_KIN, "mistral3": LLAMA_KIN | WINDOW,
     "muse_glimmer": LLAMA_KIN | WINDOW,  # its head's output multiplier and softcap, from the text config

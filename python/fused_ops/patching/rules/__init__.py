@@ -38,6 +38,9 @@ class Rule:
             return fused_class(cls.__bases__[0], cls._fused_ops_kind, cls._fused_ops_options + tuple(options))
         return fused_class(type(module), self.kind, tuple(options))
 
+    def settle(self, model, report) -> None:
+        """After every rule has run: undo what another rule's verdict has left without effect."""
+
     def select(self, module, options) -> Optional[callable]:
         """What of an output must match (None: all of it)."""
         return None

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import probe
-from ..swap import forward_builder, forward_option, innermost, with_global
+from ..report import Entry
+from ..swap import forward_builder, forward_option, fused_class, fused_kind, innermost, swap, with_global
 from . import LeftAlone, Rule
 
 # How many markers the base models' mask functions have made and attention functions have taken (outside
@@ -183,3 +184,25 @@ class SlidingWindowAttentionRule(Rule):
                     probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input))
                 except probe.Mismatch as mismatch:
                     raise probe.Mismatch(f"with a window of {window}: {mismatch}") from None
+
+    def settle(self, model, report):
+        """A band-aware attention that no swapped base model hands the marker (its causal mask left as is,
+        or its mask made elsewhere, as an image-text model's) would never take one: it goes back to the
+        class it had, and the report says so."""
+        marking = [module for module in model.modules() if fused_kind(module) == "causal_mask"
+                   and dict(type(module)._fused_ops_options).get("sliding_window")]
+        reached = {id(sub) for base in marking for sub in base.modules()}
+        for index, entry in enumerate(report.entries):
+            if entry.kind != self.kind or not entry.swapped:
+                continue
+            module = model.get_submodule(entry.path)
+            if id(module) in reached:
+                continue
+            cls = type(module)
+            options = tuple(option for option in cls._fused_ops_options if option[0] != "band_aware")
+            if cls._fused_ops_kind == self.kind:
+                module.__class__ = cls.__bases__[0]
+            else:
+                swap(module, fused_class(cls.__bases__[0], cls._fused_ops_kind, options))
+            report.entries[index] = Entry(entry.path, entry.module_class, self.kind, False,
+                                          "no swapped base model hands it a sliding-window marker")
