@@ -9,7 +9,9 @@ import pytest
 import torch
 
 import fused_ops
-from fused_ops.patching.rules.sliding_window import SlidingWindowCausal, banded_attention, sliding_window_mask
+from fused_ops.patching.rules.sliding_window import (SlidingWindowCausal, banded_attention, flash_takes_window,
+                                                      has_sliding_window, sliding_window_mask)
+from torch.utils._python_dispatch import TorchDispatchMode
 
 transformers = pytest.importorskip("transformers")
 import hf_families  # noqa: E402
@@ -52,6 +54,59 @@ def test_banded_attention_matches_the_masked_attention_with_gradients(length, wi
     want_grads = torch.autograd.grad(want, (query, key, value), cotangent)
     for name, g, w in zip("qkv", got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+class FlashCalls(TorchDispatchMode):
+    """The window each call of torch's flash kernel was given."""
+
+    def __init__(self):
+        super().__init__()
+        self.windows = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._flash_attention_forward.default:
+            self.windows.append(kwargs.get("window_size_left"))
+        return func(*args, **kwargs)
+
+
+def largest_error(got, want):
+    return (got.double() - want).abs().max().item()
+
+
+# (batch, heads, kv heads, length, head dim, window): Phi-3-mini's single query past its window, Gemma 3's
+# 256-wide heads with one KV head, a window far shorter than the sequence, a window of one token.
+FLASH_SHAPES = [(2, 4, 4, 130, 96, 129), (2, 4, 1, 300, 256, 64), (1, 8, 2, 257, 64, 16), (2, 2, 2, 64, 128, 1)]
+
+
+@pytest.mark.cuda_only
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("batch,heads,kv_heads,length,head_dim,window", FLASH_SHAPES)
+def test_flash_window_attention_is_as_close_to_float64_as_the_masked_sdpa_call(batch, heads, kv_heads, length,
+                                                                                head_dim, window, dtype):
+    """On the GPU the banded attention is one flash call with a window: its output and gradients are as near
+    the float64 masked reference as transformers' own masked call in the same precision."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as attention
+    if not flash_takes_window(torch.cuda.current_device(), head_dim):
+        pytest.skip("this GPU's flash kernel takes no window for these heads")
+    generator = torch.Generator("cuda").manual_seed(length + window)
+    query, key, value = (torch.randn(batch, h, length, head_dim, generator=generator, device="cuda",
+                                     dtype=dtype).requires_grad_() for h in (heads, kv_heads, kv_heads))
+    module, scaling = Heads(heads // kv_heads), head_dim ** -0.5
+    with FlashCalls() as calls:
+        got, _ = banded_attention(attention, module, query, key, value, window, scaling=scaling)
+    assert calls.windows == [window - 1]
+    mask = sliding_window_mask(window, length, length, "cuda").expand(batch, 1, length, length)
+    stock, _ = attention(module, query, key, value, mask, scaling=scaling)
+    want = masked_reference(query, key, value, window)
+    cotangent = torch.randn(want.shape, generator=generator, device="cuda", dtype=torch.float64)
+    got_grads = torch.autograd.grad(got, (query, key, value), cotangent.to(dtype))
+    stock_grads = torch.autograd.grad(stock, (query, key, value), cotangent.to(dtype))
+    want_grads = torch.autograd.grad(want, (query, key, value), cotangent)
+    floor = 4e-3 if dtype == torch.float16 else 3e-2
+    assert largest_error(got, want) <= 2 * largest_error(stock, want) + floor
+    for name, g, s, w in zip("qkv", got_grads, stock_grads, want_grads):
+        assert largest_error(g, w) <= 2 * largest_error(s, w) + floor * w.abs().max().item(), f"gradient of {name}"
 
 
 # The families whose tiny model gets the marker (the causal mask's sliding_window variant) from fuse().
@@ -204,3 +259,34 @@ def test_attention_no_base_model_hands_the_marker_goes_back_and_says_so():
     for entry in entries:
         options = getattr(type(model.get_submodule(entry.path)), "_fused_ops_options", ())
         assert all(name != "band_aware" for name, _ in options), entry.path
+
+
+def relative_error(got, want):
+    return ((got.double() - want.double()).abs().max() / want.double().abs().max().clamp_min(1e-30)).item()
+
+
+@pytest.mark.cuda_only
+@pytest.mark.parametrize("model_type", ["phi3", "gemma3_text", "mistral"])
+def test_half_precision_family_on_cuda_runs_its_window_in_the_flash_kernel(model_type):
+    """A bf16 model on the GPU past its window: each sliding-window layer is one flash call with the window,
+    its loss and gradients are as near the float32 stock model's as the bf16 stock model's are, and
+    torch.compile traces it in one graph."""
+    stock, fused = with_short_window(model_type)
+    reference = stock.to("cuda")
+    stock, fused = copy.deepcopy(reference).to(torch.bfloat16), fused.to("cuda", torch.bfloat16)
+    ids = hf_families.batch(stock).to("cuda")
+    if not flash_takes_window(torch.cuda.current_device(), reference.model.layers[0].self_attn.head_dim):
+        pytest.skip("this GPU's flash kernel takes no window for these heads")
+    want_loss, want_grads = training_step(reference, ids, ids)
+    stock_loss, stock_grads = training_step(stock, ids, ids)
+    with FlashCalls() as calls:
+        got_loss, got_grads = training_step(fused, ids, ids)
+    layers = [layer for layer in fused.model.layers if has_sliding_window(layer.self_attn)]
+    assert calls.windows == [SHORT_WINDOW - 1] * len(layers) and layers
+    assert relative_error(got_loss, want_loss) <= 2 * relative_error(stock_loss, want_loss) + 2e-3
+    for name, want in want_grads.items():
+        if want is not None:
+            assert (relative_error(got_grads[name], want) <= 2 * relative_error(stock_grads[name], want) + 2e-2), name
+    torch._dynamo.reset()
+    compiled_loss, _ = training_step(torch.compile(fused, fullgraph=True), ids, ids)
+    assert relative_error(compiled_loss, got_loss) <= 2e-2

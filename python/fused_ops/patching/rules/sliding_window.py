@@ -2,9 +2,11 @@
 sliding-window layer whenever the sequence reaches the window (Phi-3-mini's window is 2047 tokens, so a
 2048-token batch has one), and SDPA then runs its masked kernel over every query-key pair. Here the base
 model hands such layers a `SlidingWindowCausal` marker instead (rules/causal_mask.py), and their attention
-computes the same function in two SDPA calls: the first `window` queries are plain causal (SDPA's
-is_causal, the flash kernel), and every later block of queries attends one fixed-width window of keys
-under one small band mask that all blocks share. A marker reaching anything else raises: it is no tensor."""
+computes the same function without it: on a GPU whose flash kernel takes a window (half-precision heads
+it supports), as one call of that kernel with the window, which skips every pair outside the band;
+elsewhere in two SDPA calls, the first `window` queries plain causal (SDPA's is_causal) and every later
+block of queries attending one fixed-width window of keys under one small band mask that all blocks share.
+A marker reaching anything else raises: it is no tensor."""
 import functools
 import inspect
 import sys
@@ -40,12 +42,48 @@ def _stock_sdpa():
     return getattr(module, "sdpa_attention_forward", None)
 
 
+@functools.lru_cache(maxsize=None)
+def _flash_takes_window(device_index, head_dim):
+    """Whether torch's flash kernel runs these heads with a window on this GPU, forward and backward: the
+    Ampere and Hopper builds, heads a multiple of 8 up to 256 (192 where the backward's tiles do not fit
+    the shared memory, on every Ampere but the A100)."""
+    if torch.version.hip is not None:
+        return False
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return major in (8, 9) and head_dim % 8 == 0 and head_dim <= (256 if minor == 0 else 192)
+
+
+@torch.compiler.assume_constant_result
+def flash_takes_window(device_index: int, head_dim: int) -> bool:
+    return _flash_takes_window(device_index, head_dim)
+
+
+def flash_window_attention(query, key, value, window, scaling):
+    """The sliding-window causal pattern as one call of torch's flash kernel with its window (each query
+    the keys from `window` - 1 back to itself), keys and values of fewer heads taken as they are (GQA):
+    queries, keys, values as (batch, heads, length, dim), the output as (batch, length, heads, dim)."""
+    length = query.shape[2]
+    return torch.ops.aten._flash_attention_forward(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, length, length, 0.0, True,
+        False, scale=scaling, window_size_left=window - 1, window_size_right=0)[0]
+
+
+def _flash_window_applies(query, key, value):
+    return (query.is_cuda and query.dtype in (torch.float16, torch.bfloat16)
+            and key.dtype == value.dtype == query.dtype and query.shape[-1] == key.shape[-1] == value.shape[-1]
+            and query.shape[1] % key.shape[1] == 0 and key.shape[1] == value.shape[1]
+            and flash_takes_window(query.device.index, query.shape[-1]))
+
+
 def banded_attention(attention, module, query, key, value, window, **kwargs):
     """`attention` (transformers' SDPA function: queries, keys, values as (batch, heads, length, dim), the
-    output as (batch, length, heads, dim)) under the sliding-window causal pattern, as a causal head block
-    and one batched call over the later blocks of min(window, rest) queries, each attending the
-    block + window - 1 keys that end at its last query (padded at the end; padded rows are dropped)."""
+    output as (batch, length, heads, dim)) under the sliding-window causal pattern: the flash kernel with
+    its window where it applies, else a causal head block and one batched call over the later blocks of
+    min(window, rest) queries, each attending the block + window - 1 keys that end at its last query
+    (padded at the end; padded rows are dropped)."""
     batch, _, length, _ = query.shape
+    if length > window and _flash_window_applies(query, key, value):
+        return flash_window_attention(query, key, value, window, kwargs.get("scaling")), None
     head_kwargs = dict(kwargs, is_causal=True)
     if length <= window:
         return attention(module, query, key, value, None, **head_kwargs)
