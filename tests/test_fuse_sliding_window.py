@@ -109,6 +109,22 @@ def test_flash_window_attention_is_as_close_to_float64_as_the_masked_sdpa_call(b
         assert largest_error(g, w) <= 2 * largest_error(s, w) + floor * w.abs().max().item(), f"gradient of {name}"
 
 
+@pytest.mark.cuda_only
+def test_flash_switched_off_in_sdpa_keeps_the_banded_calls():
+    """A user who turns SDPA's flash backend off (to debug, or for another kernel's numerics) gets the banded
+    SDPA calls on the backends left on, not the flash kernel through the back door."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward as attention
+    if not flash_takes_window(torch.cuda.current_device(), 64):
+        pytest.skip("this GPU's flash kernel takes no window for these heads")
+    query, key, value = (torch.randn(1, 2, 40, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    with FlashCalls() as calls, sdpa_kernel([SDPBackend.MATH]):
+        got, _ = banded_attention(attention, Heads(1), query, key, value, 8)
+    assert calls.windows == []
+    want = masked_reference(query, key, value, 8)
+    assert largest_error(got, want) <= 3e-2
+
+
 # The families whose tiny model gets the marker (the causal mask's sliding_window variant) from fuse().
 SLIDING_WINDOW_FAMILIES = ["mistral", "ministral", "ministral3", "mixtral", "phi3", "phimoe", "qwen3_moe", "starcoder2",
                            "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "gemma4_unified_text", "vaultgemma",

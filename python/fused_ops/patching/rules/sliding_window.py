@@ -53,9 +53,21 @@ def _flash_takes_window(device_index, head_dim):
     return major in (8, 9) and head_dim % 8 == 0 and head_dim <= (256 if minor == 0 else 192)
 
 
-@torch.compiler.assume_constant_result
 def flash_takes_window(device_index: int, head_dim: int) -> bool:
-    return _flash_takes_window(device_index, head_dim)
+    """_flash_takes_window, unless SDPA's flash backend is switched off (`sdpa_kernel`, `enable_flash_sdp`),
+    which keeps the banded SDPA calls on the backends left on. torch.compile calls it when it traces the
+    layer and keeps the answer (_mark_for_torch_compile)."""
+    return torch.backends.cuda.flash_sdp_enabled() and _flash_takes_window(device_index, head_dim)
+
+
+def _mark_for_torch_compile():
+    """torch.compile runs flash_takes_window once, as a constant, instead of tracing into the CUDA queries;
+    marked when fuse() builds a band-aware attention, not at import: the mark imports torch._dynamo, which
+    `import fused_ops` leaves unimported."""
+    global flash_takes_window
+    if not getattr(flash_takes_window, "_marked_for_torch_compile", False):
+        flash_takes_window = torch.compiler.assume_constant_result(flash_takes_window)
+        flash_takes_window._marked_for_torch_compile = True
 
 
 def flash_window_attention(query, key, value, window, scaling):
@@ -149,6 +161,7 @@ class BandAwareFunctions:
 @forward_option("band_aware")
 def _band_aware_forward(forward, value):
     """`forward` with its attention functions band-aware; "reference" materialises the marker's mask."""
+    _mark_for_torch_compile()
     functions = innermost(forward).__globals__["ALL_ATTENTION_FUNCTIONS"]
     return with_global(forward, "ALL_ATTENTION_FUNCTIONS", BandAwareFunctions(functions, value == "reference"))
 
