@@ -10,7 +10,7 @@ import torch
 
 import fused_ops
 from fused_ops.patching.rules.sliding_window import (SlidingWindowCausal, banded_attention, flash_takes_window,
-                                                      has_sliding_window, sliding_window_mask)
+                                                      flash_window_attention, has_sliding_window, sliding_window_mask)
 from torch.utils._python_dispatch import TorchDispatchMode
 
 transformers = pytest.importorskip("transformers")
@@ -107,6 +107,25 @@ def test_flash_window_attention_is_as_close_to_float64_as_the_masked_sdpa_call(b
     assert largest_error(got, want) <= 2 * largest_error(stock, want) + floor
     for name, g, s, w in zip("qkv", got_grads, stock_grads, want_grads):
         assert largest_error(g, w) <= 2 * largest_error(s, w) + floor * w.abs().max().item(), f"gradient of {name}"
+
+
+def test_this_torch_flash_ops_take_the_window_arguments_forward_and_backward():
+    """The flash path calls torch's private flash ops by their window arguments: on this torch, with fake
+    CUDA tensors (no GPU needed), the forward takes them and returns (batch, length, heads, dim), and the
+    backward op takes them too, with the gradients of GQA's fewer key-value heads shaped as their inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        query, key, value = (torch.empty(2, h, 64, 96, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                             for h in (4, 2, 2))
+        output = flash_window_attention(query, key, value, 16, None)
+        assert output.shape == (2, 64, 4, 96) and output.stride()[-1] == 1
+        assert type(output.grad_fn).__name__ == "FlashAttentionBackward0"
+        grads = torch.ops.aten._flash_attention_backward(
+            torch.empty_like(output), query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), output,
+            torch.empty(2, 4, 64, device="cuda"), None, None, 64, 64, 0.0, True,
+            torch.empty(2, dtype=torch.int64, device="cuda"), torch.empty(0, device="cuda"), scale=None,
+            window_size_left=15, window_size_right=0)
+        assert [g.shape for g in grads] == [(2, 64, 4, 96), (2, 64, 2, 96), (2, 64, 2, 96)]
 
 
 @pytest.mark.cuda_only
