@@ -44,10 +44,10 @@ def _stock_sdpa():
 
 @functools.lru_cache(maxsize=None)
 def _flash_takes_window(device_index, head_dim):
-    """Whether torch's flash kernel runs these heads with a window on this GPU, forward and backward: the
-    Ampere and Hopper builds, heads a multiple of 8 up to 256 (192 where the backward's tiles do not fit
-    the shared memory, on every Ampere but the A100)."""
-    if torch.version.hip is not None:
+    """Whether torch's flash kernel runs these heads with a window on this GPU, forward and backward: a
+    torch built with it, on Ampere and Hopper, heads a multiple of 8 up to 256 (192 where the backward's
+    tiles do not fit the shared memory, on every Ampere but the A100)."""
+    if torch.version.hip is not None or not torch.backends.cuda.is_flash_attention_available():
         return False
     major, minor = torch.cuda.get_device_capability(device_index)
     return major in (8, 9) and head_dim % 8 == 0 and head_dim <= (256 if minor == 0 else 192)
