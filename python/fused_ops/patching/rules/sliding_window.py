@@ -191,8 +191,8 @@ _PROOF_WINDOWS = (2, 3, 4, 5)
 
 class SlidingWindowAttentionRule(Rule):
     kind = "sliding_window_attention"
-    description = ("sliding-window causal attention -> a causal block and key windows under one small band mask "
-                   "(no sequence-wide mask)")
+    description = ("sliding-window causal attention -> torch's flash kernel with the window (Ampere, Hopper), "
+                   "else a causal block and key windows under one small band mask (no sequence-wide mask)")
     needs_capture = True
     adds_to_fused = True  # an attention whose rotary embedding is swapped becomes band-aware on top
 
