@@ -10,7 +10,9 @@ import torch
 
 import fused_ops
 from fused_ops.patching.rules.sliding_window import (SlidingWindowCausal, banded_attention, flash_takes_window,
-                                                      flash_window_attention, has_sliding_window, sliding_window_mask)
+                                                      flash_window_attention, has_sliding_window, sliding_window_mask,
+                                                      values_of_their_own)
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
 transformers = pytest.importorskip("transformers")
@@ -54,6 +56,56 @@ def test_banded_attention_matches_the_masked_attention_with_gradients(length, wi
     want_grads = torch.autograd.grad(want, (query, key, value), cotangent)
     for name, g, w in zip("qkv", got_grads, want_grads):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, msg=f"gradient of {name}")
+
+
+def heads_of(projection, start, heads, dim=8):
+    """(batch, heads, length, dim) states sliced from a projection's rows, as transformers' attentions take them."""
+    return projection[..., start:start + heads * dim].unflatten(-1, (heads, dim)).transpose(1, 2)
+
+
+def test_values_sliced_from_a_projection_shared_with_rotated_queries_and_keys_are_copied():
+    generator = torch.Generator().manual_seed(3)
+    qkv = torch.randn(2, 7, (4 + 2 + 2) * 8, generator=generator)
+    query, key = (heads_of(qkv, 0, 4).clone(), heads_of(qkv, 32, 2).clone())  # a rotary embedding's outputs
+    value = heads_of(qkv, 48, 2)
+    own = values_of_their_own(query, key, value)
+    assert torch.equal(own, value) and own.untyped_storage().nbytes() == value.numel() * value.element_size()
+    # values of their own already, or queries and keys that are slices of the same rows: nothing to free
+    separate = torch.randn(2, 7, 2 * 8, generator=generator)
+    for args in ((query, key, heads_of(separate, 0, 2)), (query, key, heads_of(separate, 0, 2).contiguous()),
+                 (heads_of(qkv, 0, 4), heads_of(qkv, 32, 2), value)):
+        assert values_of_their_own(*args) is args[2]
+
+
+@pytest.mark.parametrize("length,window", [(7, 8), (7, 3)])
+def test_banded_attention_hands_its_calls_values_copied_out_of_a_shared_projection(length, window):
+    """Each call the banded attention makes takes values that hold no part of the shared projection: what an
+    attention saves for its backward keeps its storage alive."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    qkv = torch.randn(2, length, (4 + 2 + 2) * 8, requires_grad=True)
+    query, key, value = heads_of(qkv, 0, 4) * 1, heads_of(qkv, 32, 2) * 1, heads_of(qkv, 48, 2)
+    given = []
+
+    def attention(module, query, key, value, mask, **kwargs):
+        given.append(value.untyped_storage().data_ptr())
+        return sdpa_attention_forward(module, query, key, value, mask, **kwargs)
+    got, _ = banded_attention(attention, Heads(2), query, key, value, window, scaling=8 ** -0.5)
+    torch.testing.assert_close(got, masked_reference(query, key, value, window).float())
+    assert given and qkv.untyped_storage().data_ptr() not in given
+
+
+def assert_no_projection_output_is_kept(model, ids, projection_name):
+    """No output of the layers' `projection_name` (Phi-3's `qkv_proj`) outlives the training forward: its
+    queries and keys are rotated copies, its values copied out, so nothing the backward keeps holds it."""
+    outputs = []
+    hooks = [module.register_forward_hook(lambda m, args, output: outputs.append(StorageWeakRef(output.untyped_storage())))
+             for name, module in model.named_modules() if name.endswith(projection_name)]
+    model.train()
+    loss = model(input_ids=ids, labels=ids).loss
+    for hook in hooks:
+        hook.remove()
+    assert outputs and all(output.expired() for output in outputs)
+    loss.backward()
 
 
 class FlashCalls(TorchDispatchMode):
@@ -325,3 +377,14 @@ def test_half_precision_family_on_cuda_runs_its_window_in_the_flash_kernel(model
     torch._dynamo.reset()
     compiled_loss, _ = training_step(torch.compile(fused, fullgraph=True), ids, ids)
     assert relative_error(compiled_loss, got_loss) <= 2e-2
+
+
+@pytest.mark.cuda_only
+def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_backward():
+    _, fused = with_short_window("phi3")
+    fused = fused.to("cuda", torch.bfloat16)
+    if not flash_takes_window(torch.cuda.current_device(), fused.model.layers[0].self_attn.head_dim):
+        pytest.skip("this GPU's flash kernel takes no window for these heads")
+    with FlashCalls() as calls:
+        assert_no_projection_output_is_kept(fused, hf_families.batch(fused).to("cuda"), "qkv_proj")
+    assert calls.windows

@@ -87,13 +87,30 @@ def _flash_window_applies(query, key, value):
             and flash_takes_window(query.device.index, query.shape[-1]))
 
 
+def _slices_a_wider_row(states):
+    """Whether (batch, heads, length, dim) states are a slice of a wider projection's rows (Phi-3's values
+    in its one `qkv_proj` output): tokens lie further apart than the heads span."""
+    return states.stride(2) > states.shape[1] * states.shape[3]
+
+
+def values_of_their_own(query, key, value):
+    """`value` copied out of a projection shared with the queries and keys when those are already tensors of
+    their own (the rotary embedding's outputs): the attention's backward keeps what it saves alive, and a
+    slice keeps the whole projection output (three times the values, for Phi-3) until the backward."""
+    if _slices_a_wider_row(value) and not _slices_a_wider_row(query) and not _slices_a_wider_row(key):
+        return value.transpose(1, 2).contiguous().transpose(1, 2)
+    return value
+
+
 def banded_attention(attention, module, query, key, value, window, **kwargs):
     """`attention` (transformers' SDPA function: queries, keys, values as (batch, heads, length, dim), the
     output as (batch, length, heads, dim)) under the sliding-window causal pattern: the flash kernel with
     its window where it applies, else a causal head block and one batched call over the later blocks of
     min(window, rest) queries, each attending the block + window - 1 keys that end at its last query
-    (padded at the end; padded rows are dropped)."""
+    (padded at the end; padded rows are dropped). Values sliced from a wider projection are copied first
+    (values_of_their_own)."""
     batch, _, length, _ = query.shape
+    value = values_of_their_own(query, key, value)
     if length > window and _flash_window_applies(query, key, value):
         return flash_window_attention(query, key, value, window, kwargs.get("scaling")), None
     head_kwargs = dict(kwargs, is_causal=True)
