@@ -65,11 +65,15 @@ def heads_of(projection, start, heads, dim=8):
 
 def test_values_sliced_from_a_projection_shared_with_rotated_queries_and_keys_are_copied():
     generator = torch.Generator().manual_seed(3)
-    qkv = torch.randn(2, 7, (4 + 2 + 2) * 8, generator=generator)
-    query, key = (heads_of(qkv, 0, 4).clone(), heads_of(qkv, 32, 2).clone())  # a rotary embedding's outputs
+    qkv = torch.randn(2, 7, (4 + 2 + 2) * 8, generator=generator, requires_grad=True)
+    query, key = (heads_of(qkv, 0, 4) * 1, heads_of(qkv, 32, 2) * 1)  # a rotary embedding's outputs
     value = heads_of(qkv, 48, 2)
     own = values_of_their_own(query, key, value)
     assert torch.equal(own, value) and own.untyped_storage().nbytes() == value.numel() * value.element_size()
+    cotangent = torch.randn(own.shape, generator=generator)
+    assert torch.equal(torch.autograd.grad(own, qkv, cotangent)[0], torch.autograd.grad(value, qkv, cotangent)[0])
+    with torch.no_grad():  # no backward to keep anything for: no copy
+        assert values_of_their_own(query, key, value) is value
     # values of their own already, or queries and keys that are slices of the same rows: nothing to free
     separate = torch.randn(2, 7, 2 * 8, generator=generator)
     for args in ((query, key, heads_of(separate, 0, 2)), (query, key, heads_of(separate, 0, 2).contiguous()),
@@ -380,11 +384,25 @@ def test_half_precision_family_on_cuda_runs_its_window_in_the_flash_kernel(model
 
 
 @pytest.mark.cuda_only
-def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_backward():
-    _, fused = with_short_window("phi3")
+@pytest.mark.parametrize("window", [SHORT_WINDOW, 64])
+def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_backward(window):
+    """Phi-3's shape (as many key-value heads as query heads, so SDPA's flash kernel takes the values as
+    they are) past its window (one flash call with the window) and within it (SDPA's causal call)."""
+    reason = hf_families.why_not_testable("phi3")
+    if reason is not None:
+        pytest.skip(reason)
+    config = hf_families.build("phi3").config
+    config.num_key_value_heads, config.sliding_window = config.num_attention_heads, window
+    torch.manual_seed(0)
+    fused = transformers.Phi3ForCausalLM(config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fused_ops.fuse(fused)
     fused = fused.to("cuda", torch.bfloat16)
-    if not flash_takes_window(torch.cuda.current_device(), fused.model.layers[0].self_attn.head_dim):
+    ids = hf_families.batch(fused).to("cuda")
+    if window < ids.shape[1] and not flash_takes_window(torch.cuda.current_device(),
+                                                        fused.model.layers[0].self_attn.head_dim):
         pytest.skip("this GPU's flash kernel takes no window for these heads")
     with FlashCalls() as calls:
-        assert_no_projection_output_is_kept(fused, hf_families.batch(fused).to("cuda"), "qkv_proj")
-    assert calls.windows
+        assert_no_projection_output_is_kept(fused, ids, "qkv_proj")
+    assert calls.windows == ([window - 1] * len(fused.model.layers) if window < ids.shape[1] else [])

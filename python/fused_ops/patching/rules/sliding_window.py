@@ -95,8 +95,11 @@ def _slices_a_wider_row(states):
 
 def values_of_their_own(query, key, value):
     """`value` copied out of a projection shared with the queries and keys when those are already tensors of
-    their own (the rotary embedding's outputs): the attention's backward keeps what it saves alive, and a
-    slice keeps the whole projection output (three times the values, for Phi-3) until the backward."""
+    their own (the rotary embedding's outputs) and a backward will follow: the attention's backward keeps
+    what it saves alive, and a slice keeps the whole projection output (three times the values, for Phi-3)
+    until the backward."""
+    if not (torch.is_grad_enabled() and value.requires_grad):
+        return value
     if _slices_a_wider_row(value) and not _slices_a_wider_row(query) and not _slices_a_wider_row(key):
         return value.transpose(1, 2).contiguous().transpose(1, 2)
     return value
@@ -145,9 +148,10 @@ def banded_attention(attention, module, query, key, value, window, **kwargs):
 def band_aware_attention(attention, reference, module, query, key, value, attention_mask, *args, **kwargs):
     """An attention function that takes the marker: banded where the call is the plain causal SDPA one it
     was proven for (no dropout, queries and keys aligned), the materialised mask otherwise (and as the
-    reference a proof compares with)."""
+    reference a proof compares with). Calls without the marker run as they are, values sliced from a wider
+    projection copied (values_of_their_own)."""
     if not isinstance(attention_mask, SlidingWindowCausal):
-        return attention(module, query, key, value, attention_mask, *args, **kwargs)
+        return attention(module, query, key, values_of_their_own(query, key, value), attention_mask, *args, **kwargs)
     if not torch.compiler.is_compiling():
         markers["taken"] += 1
     dropout = kwargs.get("dropout", 0.0)
