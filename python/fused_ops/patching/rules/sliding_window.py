@@ -148,10 +148,9 @@ def banded_attention(attention, module, query, key, value, window, **kwargs):
 def band_aware_attention(attention, reference, module, query, key, value, attention_mask, *args, **kwargs):
     """An attention function that takes the marker: banded where the call is the plain causal SDPA one it
     was proven for (no dropout, queries and keys aligned), the materialised mask otherwise (and as the
-    reference a proof compares with). Calls without the marker run as they are, values sliced from a wider
-    projection copied (values_of_their_own)."""
+    reference a proof compares with)."""
     if not isinstance(attention_mask, SlidingWindowCausal):
-        return attention(module, query, key, values_of_their_own(query, key, value), attention_mask, *args, **kwargs)
+        return attention(module, query, key, value, attention_mask, *args, **kwargs)
     if not torch.compiler.is_compiling():
         markers["taken"] += 1
     dropout = kwargs.get("dropout", 0.0)
