@@ -105,7 +105,7 @@ def assert_no_projection_output_is_kept(model, ids, projection_name):
     hooks = [module.register_forward_hook(lambda m, args, output: outputs.append(StorageWeakRef(output.untyped_storage())))
              for name, module in model.named_modules() if name.endswith(projection_name)]
     model.train()
-    loss = model(input_ids=ids, labels=ids).loss
+    loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # a cache would hold copies of the values
     for hook in hooks:
         hook.remove()
     assert outputs and all(output.expired() for output in outputs)
@@ -383,10 +383,9 @@ def test_half_precision_family_on_cuda_runs_its_window_in_the_flash_kernel(model
     assert relative_error(compiled_loss, got_loss) <= 2e-2
 
 
-@pytest.mark.cuda_only
-def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_backward():
-    """Phi-3's shape (as many key-value heads as query heads, so no repeat copies the values) past its window:
-    the flash kernel's backward would keep the value slice, and with it the whole qkv output."""
+def phi3_with_its_key_value_heads():
+    """A fused tiny Phi-3 with Phi-3-mini's grouping (as many key-value heads as query heads, so nothing repeats,
+    and copies, the values) and a window shorter than the batch."""
     reason = hf_families.why_not_testable("phi3")
     if reason is not None:
         pytest.skip(reason)
@@ -397,7 +396,19 @@ def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_back
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fused_ops.fuse(fused)
-    fused = fused.to("cuda", torch.bfloat16)
+    return fused
+
+
+def test_phi3_past_its_window_keeps_no_qkv_projection_output_for_the_backward():
+    """The banded calls: SDPA's backward would keep the first window's value slice and the whole qkv output."""
+    fused = phi3_with_its_key_value_heads()
+    assert_no_projection_output_is_kept(fused, hf_families.batch(fused), "qkv_proj")
+
+
+@pytest.mark.cuda_only
+def test_half_precision_phi3_on_cuda_keeps_no_qkv_projection_output_for_the_backward():
+    """One flash call with the window: its backward would keep the value slice and the whole qkv output."""
+    fused = phi3_with_its_key_value_heads().to("cuda", torch.bfloat16)
     if not flash_takes_window(torch.cuda.current_device(), fused.model.layers[0].self_attn.head_dim):
         pytest.skip("this GPU's flash kernel takes no window for these heads")
     with FlashCalls() as calls:
