@@ -102,7 +102,9 @@ def assert_no_projection_output_is_kept(model, ids, projection_name):
     """No output of the layers' `projection_name` (Phi-3's `qkv_proj`) outlives the training forward: its
     queries and keys are rotated copies, its values copied out, so nothing the backward keeps holds it."""
     outputs = []
-    hooks = [module.register_forward_hook(lambda m, args, output: outputs.append(StorageWeakRef(output.untyped_storage())))
+    def keep_weak_reference(module, args, output):
+        outputs.append(StorageWeakRef(output.untyped_storage()))
+    hooks = [module.register_forward_hook(keep_weak_reference)
              for name, module in model.named_modules() if name.endswith(projection_name)]
     model.train()
     loss = model(input_ids=ids, labels=ids, use_cache=False).loss  # a cache would hold copies of the values
