@@ -88,7 +88,7 @@ def _prove(rule, module, context):
             else:
                 probe.verify(module, fused_cls, rule.inputs(module, context), random_parameters=rule.random_parameters,
                              select=rule.select(module, options), large_inputs=rule.large_inputs)
-            return options
+            return rule.proven_options(module, options, context)
         except LeftAlone:
             raise
         except probe.Mismatch as mismatch:

@@ -42,6 +42,8 @@ _LARGE_INPUT_SCALE = 1e3
 # A clamp changes values wholesale; this looser bound leaves the rounding of stock forwards that compute in
 # float32 at that scale (OLMo's LayerNorm) to the unit-scale proof's tight one.
 _LARGE_INPUT_RTOL = 1e-3
+# Two roundings apart at most in float16 or bfloat16 (verify_in_mixed_precision).
+_16_BIT_RTOL = 1e-2
 # The names under which routers keep how many experts a token goes to.
 _TOP_K_NAMES = ("top_k", "num_experts_per_tok", "experts_per_token")
 
@@ -443,6 +445,32 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
     want, _ = _run(module, stock_cls, {}, inputs, own_dtype, own_device, False, select, False)
     got, _ = _run(module, fused_cls, {}, inputs, own_dtype, own_device, False, select, False)
     _compare(want, got, f"{own_dtype} output", 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2)
+
+
+def verify_in_mixed_precision(module, fused_cls, inputs: Inputs, *, under_autocast: bool) -> None:
+    """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own does with float32
+    parameters, on float16 and bfloat16 inputs (a module a 16-bit model keeps in float32), or on float32
+    inputs under autocast (to bfloat16: the CPU's autocast to float16 leaves some products in bfloat16).
+    Llama's RMSNorm, say, promotes its output to float32 on a 16-bit input; Gemma's keeps the input's dtype."""
+    state = {name: _random_like(name, p, torch.float32) for name, p in module.named_parameters()}
+    state.update({name: b.detach().to("cpu", torch.float32 if b.is_floating_point() else b.dtype)
+                  for name, b in module.named_buffers()})
+    for dtype in (torch.bfloat16,) if under_autocast else (torch.bfloat16, torch.float16):
+        with torch.autocast("cpu", dtype=dtype, enabled=under_autocast):
+            verify_with_state(module, fused_cls, inputs, state, torch.float32 if under_autocast else dtype,
+                              f"under autocast to {dtype}" if under_autocast else f"{dtype} input, float32 parameters")
+
+
+def verify_with_state(module, fused_cls, inputs: Inputs, state, input_dtype, where, training=False,
+                      select=None) -> None:
+    """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own does on the CPU with `state`
+    (tensors by name, of any dtypes) in place of its parameters and buffers: the same output dtypes, and
+    values and gradients within 16-bit rounding."""
+    cpu, select = torch.device("cpu"), select or (lambda output: output)
+    want, want_grads = _run(module, type(module), state, inputs, input_dtype, cpu, training, select, True)
+    got, got_grads = _run(module, fused_cls, state, inputs, input_dtype, cpu, training, select, True)
+    _compare(want, got, f"{where}: output", _16_BIT_RTOL)
+    _compare(want_grads, got_grads, f"{where}: gradients", _16_BIT_RTOL)
 
 
 def runs_a_fused_op(module, fused_cls, inputs: Inputs) -> bool:

@@ -59,6 +59,7 @@ def fused_class(base: type, kind: str, options: tuple) -> type:
                 methods["forward"] = _FORWARD_OPTIONS[name](methods.get("forward", base.forward), value)
         _CLASSES[key] = type(f"Fused{base.__name__}", (base,), {
             **methods, "_fused_ops_kind": kind, "_fused_ops_options": options,
+            "_fused_ops_option_values": dict(options),
             "__reduce_ex__": _reduce_fused, "__module__": base.__module__})
     return _CLASSES[key]
 

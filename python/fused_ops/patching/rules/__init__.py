@@ -30,6 +30,10 @@ class Rule:
     def inputs(self, module, context):
         raise NotImplementedError
 
+    def proven_options(self, module, options, context) -> tuple:
+        """The options a proven variant is swapped with: its own, and what else a further probe proves."""
+        return options
+
     def fused_class(self, module, options):
         """The class `module` becomes with `options`: the rule's own fused class of the module's class, or,
         for a module another rule has swapped, that rule's with these options added."""

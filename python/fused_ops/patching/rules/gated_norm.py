@@ -31,7 +31,7 @@ def _gated_norm_forward(base, options):
     def forward(self, hidden_states, gate):
         # Mixed dtypes (autocast) round differently in the module's own float32 arithmetic: its forward.
         if (not torch.is_tensor(gate) or gate.dtype != hidden_states.dtype or gate.shape != hidden_states.shape
-                or not runs_its_fused_op(self, eps)):
+                or not runs_its_fused_op(self, hidden_states.dtype)):
             return base.forward(self, hidden_states, gate)
         normalised = _ops.rms_norm(hidden_states, self.weight, eps, offset=offset)
         return _ops.gated_mul(gate, normalised, activation)

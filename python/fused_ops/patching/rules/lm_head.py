@@ -14,6 +14,7 @@ to their base model too.
 In eval mode, without labels, or when the head is not a plain nn.Linear (LoRA, quantised), the stock
 forward runs and the logits come back as usual.
 """
+import contextlib
 import dataclasses
 import inspect
 import zlib
@@ -33,6 +34,8 @@ _CORE = {"self", "input_ids", "attention_mask", "position_ids", "past_key_values
 _PROBE_HEAD_WIDTH = 16
 # Output fields the fused forward sets itself rather than takes from the base model's output.
 _OWN_FIELDS = {"loss", "logits", "aux_loss"}
+# The option saying the fused loss brings rows of another dtype to the head's (LMHeadLossRule.proven_options).
+ROWS_TO_HEAD_DTYPE = "rows_to_head_dtype"
 
 
 @forward_builder("lm_head_loss")
@@ -40,6 +43,7 @@ def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap, labels_to_base = options["logit_scale"], options["softcap"], options["labels_to_base"]
     base_name, kwargs_to_base = options["base"], options["kwargs_to_base"]
+    rows_to_head_dtype = options.get(ROWS_TO_HEAD_DTYPE)
     router_loss_function = (innermost(stock).__globals__.get("load_balancing_loss_func") if options["router_loss"]
                             else None)
     signature = CallSignature(inspect.signature(innermost(stock)))
@@ -53,6 +57,8 @@ def _causal_lm_forward(base, options):
         if shift_labels is None:
             shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
         rows, weight, bias = as_autocast_runs_linear(hidden_states, self.lm_head.weight, self.lm_head.bias)
+        if rows_to_head_dtype and rows.dtype != weight.dtype:
+            rows = rows.to(weight.dtype)
         if logit_scale != 1.0:  # (rows * s) @ W^T = s * logits; a bias would be scaled too
             rows = rows * logit_scale
         loss = _ops.linear_cross_entropy(rows, weight, shift_labels.to(hidden_states.device), bias,
@@ -207,44 +213,74 @@ class LMHeadLossRule(Rule):
                 for scale in scales]
 
     def verify(self, module, fused_cls, context):
-        name = base_model_name(module)
-        base_output = context.captured_output(module._modules[name])
-        if not dataclasses.is_dataclass(base_output) or not hasattr(base_output, "last_hidden_state"):
-            raise probe.Mismatch("the base model's output has no last_hidden_state")
-        head = module.lm_head
-        vocab = head.weight.shape[0]
-        # The fused path runs only for a plain nn.Linear head, and the head's width enters both forwards
-        # only through its product: a narrow plain head of the same vocabulary and bias proves the same
-        # function in float64, where the real one (262144 x 1152 in Gemma 3 1B) took minutes in float32.
-        width = min(head.weight.shape[1], _PROBE_HEAD_WIDTH)
-        narrow_head = torch.nn.Linear(width, vocab, bias=head.bias is not None, device=head.weight.device,
-                                      dtype=head.weight.dtype)
-        generator = torch.Generator().manual_seed(probe.PROBE_SEED)
-        hidden = torch.randn(2, 5, width, generator=generator, dtype=torch.float64)
-        labels = torch.randint(0, vocab, (2, 5), generator=generator)
-        labels[0, :2] = -100
-        options = dict(fused_cls._fused_ops_options)
-        # Every argument beyond the core ones, once with a marker value: the base model must be handed it
-        # as the stock forward hands it.
-        markers = {p.name: torch.full((1,), 0.25 + number, dtype=torch.float64)
-                   for number, p in enumerate(_signature_parameters(module))
-                   if p.name not in _CORE and p.kind is not inspect.Parameter.VAR_KEYWORD}
-        router_logits, extras = (), [{}, {"num_items_in_batch": 7}] + ([markers] if markers else [])
-        if options["router_loss"]:
-            router_logits = [torch.randn(10, module.num_experts, generator=generator, dtype=torch.float64)
-                             .to(head.weight.device, head.weight.dtype) for _ in range(2)]
-            extras += [{"output_router_logits": True}, {"output_router_logits": True, "num_items_in_batch": 7}]
-        base = module._modules[name]
-        stub = _HiddenStates(base, hidden.to(head.weight.device, head.weight.dtype), type(base_output), router_logits)
-        module._modules[name], module._modules["lm_head"] = stub, narrow_head
-        try:
+        with _stand_ins(module, context, fused_cls) as (make_inputs, extras):
             for extra in extras:
-                def make(dtype, device, extra=extra):
-                    ids = torch.zeros(2, 5, dtype=torch.long, device=device)
-                    return (), dict(input_ids=ids, labels=labels.to(device), use_cache=False, **extra)
-                probe.verify(module, fused_cls, probe.Inputs(make, None), select=_all_but_logits)
-        finally:
-            module._modules[name], module._modules["lm_head"] = base, head
+                probe.verify(module, fused_cls, make_inputs(extra), select=_all_but_logits)
+
+    def proven_options(self, module, options, context):
+        """The proven options, and whether the fused loss may bring a last hidden state of another dtype than
+        the head's to the head's, as Mamba's forward does with its float32 residual stream in a 16-bit
+        model; where the stock forward does otherwise (Llama's product raises), the op's check raises."""
+        cast = tuple(options) + ((ROWS_TO_HEAD_DTYPE, True),)
+        fused_cls = self.fused_class(module, cast)
+        try:
+            with _stand_ins(module, context, fused_cls) as (make_inputs, _):
+                head = {f"lm_head.{name}" for name, _ in module.lm_head.named_parameters()}
+                state = {name: p.detach().to("cpu", torch.bfloat16 if name in head else torch.float32).requires_grad_()
+                         for name, p in module.named_parameters()}
+                probe.verify_with_state(module, fused_cls, make_inputs({}), state, None,
+                                        "a float32 last hidden state and a bfloat16 head", training=True,
+                                        select=_all_but_logits)
+        except Exception:  # a mismatch, or a stock forward that raises there: not proven
+            return tuple(options) + ((ROWS_TO_HEAD_DTYPE, False),)
+        return cast
+
+
+@contextlib.contextmanager
+def _stand_ins(module, context, fused_cls):
+    """The module with a stand-in base model that returns random hidden states (_HiddenStates) and a narrow
+    head in place of its own, for the probes; yields (inputs with these extra arguments, the extra arguments
+    to prove each with)."""
+    name = base_model_name(module)
+    base_output = context.captured_output(module._modules[name])
+    if not dataclasses.is_dataclass(base_output) or not hasattr(base_output, "last_hidden_state"):
+        raise probe.Mismatch("the base model's output has no last_hidden_state")
+    head = module.lm_head
+    vocab = head.weight.shape[0]
+    # The fused path runs only for a plain nn.Linear head, and the head's width enters both forwards
+    # only through its product: a narrow plain head of the same vocabulary and bias proves the same
+    # function in float64, where the real one (262144 x 1152 in Gemma 3 1B) took minutes in float32.
+    width = min(head.weight.shape[1], _PROBE_HEAD_WIDTH)
+    narrow_head = torch.nn.Linear(width, vocab, bias=head.bias is not None, device=head.weight.device,
+                                  dtype=head.weight.dtype)
+    generator = torch.Generator().manual_seed(probe.PROBE_SEED)
+    hidden = torch.randn(2, 5, width, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, vocab, (2, 5), generator=generator)
+    labels[0, :2] = -100
+    options = dict(fused_cls._fused_ops_options)
+    # Every argument beyond the core ones, once with a marker value: the base model must be handed it
+    # as the stock forward hands it.
+    markers = {p.name: torch.full((1,), 0.25 + number, dtype=torch.float64)
+               for number, p in enumerate(_signature_parameters(module))
+               if p.name not in _CORE and p.kind is not inspect.Parameter.VAR_KEYWORD}
+    router_logits, extras = (), [{}, {"num_items_in_batch": 7}] + ([markers] if markers else [])
+    if options["router_loss"]:
+        router_logits = [torch.randn(10, module.num_experts, generator=generator, dtype=torch.float64)
+                         .to(head.weight.device, head.weight.dtype) for _ in range(2)]
+        extras += [{"output_router_logits": True}, {"output_router_logits": True, "num_items_in_batch": 7}]
+    base = module._modules[name]
+    stub = _HiddenStates(base, hidden.to(head.weight.device, head.weight.dtype), type(base_output), router_logits)
+
+    def make_inputs(extra):
+        def make(dtype, device):
+            ids = torch.zeros(2, 5, dtype=torch.long, device=device)
+            return (), dict(input_ids=ids, labels=labels.to(device), use_cache=False, **extra)
+        return probe.Inputs(make, None)
+    module._modules[name], module._modules["lm_head"] = stub, narrow_head
+    try:
+        yield make_inputs, extras
+    finally:
+        module._modules[name], module._modules["lm_head"] = base, head
 
 
 def base_model_name(module):

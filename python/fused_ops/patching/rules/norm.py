@@ -11,6 +11,8 @@ from ..swap import forward_builder, holds_plain_tensors
 from . import LeftAlone, Rule, check_takes_one_input
 
 _EPSILON_NAMES = ("eps", "variance_epsilon", "epsilon")
+# The option saying the op may take float32 parameters on a 16-bit input (probe.verify_in_mixed_precision).
+FLOAT32_ON_16_BIT = "float32_weight_on_16_bit_input"
 # Epsilons to try on a weightless norm with no epsilon attribute (torch's and Llama's defaults).
 _USUAL_EPSILONS = (1e-5, 1e-6)
 
@@ -29,24 +31,35 @@ def _norm_forward(base, options):
     stock = base.forward
     if function == "rms_norm":
         def forward(self, hidden_states):
-            if not runs_its_fused_op(self, eps):
+            if not runs_its_fused_op(self, hidden_states.dtype):
                 return stock(self, hidden_states)
             return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
     else:
         def forward(self, hidden_states):
-            if not runs_its_fused_op(self, eps):
+            if not runs_its_fused_op(self, hidden_states.dtype):
                 return stock(self, hidden_states)
             return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
                                    offset=offset)
     return forward
 
 
-def runs_its_fused_op(norm, eps):
-    """Whether a fused norm may run its op: its weight and bias hold plain values (not a quantised tensor)
-    and its epsilon attribute still holds `eps`, the one it was proven with; otherwise its own forward
-    runs (an epsilon set after fuse() is the stock forward's to use)."""
+def runs_its_fused_op(norm, dtype):
+    """Whether a fused norm (or gated norm) may run its op on an input of `dtype`: its weight and bias hold
+    plain values (not a quantised tensor), its epsilon attribute still holds the one it was proven with (one
+    set after fuse() is the stock forward's to use), and its parameters hold `dtype`, as in the probes, or
+    float32 on a 16-bit input where the probe proved that case too (FLOAT32_ON_16_BIT). Otherwise its own
+    forward runs: Mamba's last norm takes its float32 residual stream with a 16-bit weight."""
+    options = type(norm)._fused_ops_option_values
     now = _epsilon(norm)
-    return (now is None or now == eps) and holds_plain_tensors(norm, "weight", "bias")
+    if not ((now is None or now == options["eps"]) and holds_plain_tensors(norm, "weight", "bias")):
+        return False
+    float32_allowed = options.get(FLOAT32_ON_16_BIT) and dtype in (torch.float16, torch.bfloat16)
+    for name in ("weight", "bias"):
+        parameter = getattr(norm, name, None)
+        if parameter is not None and parameter.dtype != dtype and not (
+                float32_allowed and parameter.dtype == torch.float32):
+            return False
+    return True
 
 
 def _weightless_size(module):
@@ -127,6 +140,33 @@ class NormRule(Rule):
         functions = ["layer_norm"] if bias is not None else ["rms_norm", "layer_norm"]
         return [(("eps", eps), ("function", function), ("offset", offset))
                 for function in functions for offset in (0.0, 1.0)]
+
+    def proven_options(self, module, options, context):
+        """A weighted norm's proven options, and whether the op also computes what its own forward does with
+        float32 parameters on 16-bit inputs (where Llama's promotes to float32, the op keeps the input's dtype)."""
+        if getattr(module, "weight", None) is None:
+            return options
+        mixed = tuple(options) + ((FLOAT32_ON_16_BIT, True),)
+        try:
+            probe.verify_in_mixed_precision(module, self.fused_class(module, mixed), self.inputs(module, context),
+                                            under_autocast=False)
+        except Exception:  # a mismatch, or a stock forward that cannot run so: not proven
+            return tuple(options) + ((FLOAT32_ON_16_BIT, False),)
+        return mixed
+
+    def proven_options(self, module, options, context):
+        """A weighted norm's proven options, and whether the op also computes what its own forward does with
+        float32 parameters on 16-bit inputs (Llama's RMSNorm promotes its output to float32 there; the op
+        keeps the input's dtype)."""
+        if getattr(module, "weight", None) is None:
+            return options
+        mixed = tuple(options) + ((FLOAT32_ON_16_BIT, True),)
+        try:
+            probe.verify_in_mixed_precision(module, self.fused_class(module, mixed), self.inputs(module, context),
+                                            under_autocast=False)
+        except Exception:  # a mismatch, or a stock forward that cannot run so: not proven
+            return tuple(options) + ((FLOAT32_ON_16_BIT, False),)
+        return mixed
 
     def inputs(self, module, context):
         size = module.weight.shape[0] if getattr(module, "weight", None) is not None else _weightless_size(module)

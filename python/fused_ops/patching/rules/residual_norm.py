@@ -57,18 +57,21 @@ def _norm_op(norm, add):
 
 def _add_norm(x, residual, norm, layer):
     """(norm(x + residual), x + residual) in one op, x and residual first brought to one dtype as the stock
-    add promotes them (autocast gives the attention's output its own dtype)."""
+    add promotes them (autocast gives the attention's output its own dtype); the add, then the norm module,
+    where its op does not run on that dtype."""
     if x.dtype != residual.dtype:
         common = torch.promote_types(x.dtype, residual.dtype)
         x, residual = x.to(common), residual.to(common)
+    if not runs_its_fused_op(norm, x.dtype):
+        residual = residual + x
+        return norm(residual), residual
     op, arguments = _norm_op(norm, add=True)
     return _recomputed_in_backward(layer, op, x, residual, *arguments)
 
 
 def _plain_fused_norm(module):
-    """A norm the norm rule fused, with no hooks, that runs its op: one op, nothing else to run again."""
-    return (fused_kind(module) == "norm" and not module._forward_hooks and not module._forward_pre_hooks
-            and runs_its_fused_op(module, dict(type(module)._fused_ops_options)["eps"]))
+    """A norm the norm rule fused, with no hooks: one op, nothing else to run again (where it runs its op)."""
+    return fused_kind(module) == "norm" and not module._forward_hooks and not module._forward_pre_hooks
 
 
 def _recomputed_in_backward(layer, function, *args):
@@ -97,7 +100,7 @@ def _decoder_layer_forward(base, options):
         if not _plain_fused_norm(norm) or getattr(self, "residual_multiplier", None) != multiplier:
             return stock(self, hidden_states, **attention_arguments)
         residual = hidden_states
-        if _plain_fused_norm(self.input_layernorm):
+        if _plain_fused_norm(self.input_layernorm) and runs_its_fused_op(self.input_layernorm, hidden_states.dtype):
             op, arguments = _norm_op(self.input_layernorm, add=False)
             hidden_states = _recomputed_in_backward(self, op, hidden_states, *arguments)
         else:

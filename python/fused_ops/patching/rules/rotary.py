@@ -70,31 +70,56 @@ def _halves_of_pairs(x):
     return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
 
 
-def _replacement(name, layout, signature):
+def _runs_the_op(tensors, under_autocast):
+    """Whether the op may take these tensors (q, k, cos, sin or x, cos, sin): of one dtype, as the probes
+    prove; or, where the probe proved the attention under autocast too, under autocast with 16-bit heads of
+    one dtype and tables of theirs or float32. Otherwise the stock function runs: it promotes mixed dtypes
+    its own way (Llama's to float32 heads; HY-V4 rotates float32 keys beside 16-bit queries)."""
+    heads, tables = tensors[:-2], tensors[-2:]
+    if len({t.dtype for t in tensors}) == 1:
+        return True
+    return (under_autocast and torch.is_autocast_enabled(heads[0].device.type)
+            and len({t.dtype for t in heads}) == 1 and heads[0].dtype in (torch.float16, torch.bfloat16)
+            and len({t.dtype for t in tables}) == 1 and tables[0].dtype in (heads[0].dtype, torch.float32))
+
+
+def _replacement(name, layout, signature, stock, under_autocast):
     if name == "apply_rotary_pos_emb_interleave":
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            if not _runs_the_op((q, k, cos, sin), under_autocast):
+                return stock(q, k, cos, sin, position_ids, unsqueeze_dim)
             return _rotate(_halves_of_pairs(q), _halves_of_pairs(k), cos, sin, unsqueeze_dim, layout)
     elif signature == "with_position_ids":
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1):
+            if not _runs_the_op((q, k, cos, sin), under_autocast):
+                return stock(q, k, cos, sin, position_ids, unsqueeze_dim)
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
     elif signature == "one_tensor":
         def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=1):
+            if not _runs_the_op((x, cos, sin), under_autocast):
+                return stock(x, cos, sin, unsqueeze_dim)
             return _rotate_one(x, cos, sin, unsqueeze_dim, layout)
     elif signature == "complex_factors":
         heads_dim = 1 if layout == "complex_heads_second" else 2
 
-        def apply_rotary_pos_emb(xq, xk, freqs_cis):
+        def apply_rotary_pos_emb(xq, xk, freqs_cis):  # complex factors beside real heads: mixed by design
             return _rotate_complex(xq, xk, freqs_cis, heads_dim)
     elif signature == "sin_cos_pairs":
         def apply_rotary_pos_emb(tensor, sin, cos):
+            if not _runs_the_op((tensor, cos, sin), under_autocast):
+                return stock(tensor, sin, cos)
             return _rotate_one(tensor, cos.repeat_interleave(2, dim=-1), sin.repeat_interleave(2, dim=-1), 2, layout)
     else:
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+            if not _runs_the_op((q, k, cos, sin), under_autocast):
+                return stock(q, k, cos, sin, unsqueeze_dim)
             return _rotate(q, k, cos, sin, unsqueeze_dim, layout)
     return apply_rotary_pos_emb
 
 
 LAYOUTS = ("rotate_half", "interleaved", "interleaved_half_table", "rotate_half_half_table")
+# The option saying the op may take 16-bit heads with float32 tables under autocast (_runs_the_op).
+UNDER_AUTOCAST = "under_autocast"
 # Complex factors broadcast over the heads in dim 1 (DeepSeek-V2: [B, H, S, D]) or dim 2 (Llama 4).
 COMPLEX_LAYOUTS = ("complex_heads_second", "complex_heads_third")
 
@@ -102,7 +127,9 @@ COMPLEX_LAYOUTS = ("complex_heads_second", "complex_heads_third")
 @forward_builder("rotary")
 def _rotary_forward(base, options):
     name = options["function"]
-    return with_global(base.forward, name, _replacement(name, options["layout"], options["signature"]))
+    stock = innermost(base.forward).__globals__[name]
+    replacement = _replacement(name, options["layout"], options["signature"], stock, options.get(UNDER_AUTOCAST))
+    return with_global(base.forward, name, replacement)
 
 
 def _signature(function):
@@ -150,6 +177,17 @@ class RotaryRule(Rule):
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
+
+    def proven_options(self, module, options, context):
+        """The proven options, and whether the attention also computes what its own forward does under
+        autocast with float32 parameters, where its heads are 16-bit and its tables float32."""
+        under_autocast = tuple(options) + ((UNDER_AUTOCAST, True),)
+        try:
+            probe.verify_in_mixed_precision(module, self.fused_class(module, under_autocast),
+                                            self.inputs(module, context), under_autocast=True)
+        except Exception:  # a mismatch, or a forward that cannot run so: not proven
+            return tuple(options) + ((UNDER_AUTOCAST, False),)
+        return under_autocast
 
     def verify(self, module, fused_cls, context):
         inputs = self.inputs(module, context)
