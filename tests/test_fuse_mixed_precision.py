@@ -61,7 +61,7 @@ def test_fused_norm_on_each_pair_of_dtypes_computes_what_its_own_forward_does(mo
 def training_step(model, ids, autocast=False):
     model.zero_grad(set_to_none=True)
     torch.manual_seed(5)  # the same dropout masks in every model
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+    with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
         loss = model(input_ids=ids, labels=ids).loss
     loss.backward()
     return [loss.detach().float()] + [None if p.grad is None else p.grad.float() for p in model.parameters()]
@@ -81,15 +81,15 @@ def assert_no_further_from_float32_than_stock(reference, stock, fused):
 
 
 @pytest.mark.parametrize("model_type", ["mamba", "falcon_mamba"])
-def test_16_bit_model_with_a_float32_residual_stream(model_type):
+def test_16_bit_model_with_a_float32_residual_stream(model_type, device):
     """Mamba's blocks keep their residual stream in float32 in a bfloat16 model: its last norm takes that
     float32 stream with its bfloat16 weight, and its head casts the stream to its own dtype; the norm runs
     its own forward there, and the head + loss casts as the stock forward does (a variant the probe proves)."""
-    reference = hf_families.build(model_type)
+    reference = hf_families.build(model_type).to(device)
     stock = copy.deepcopy(reference).to(torch.bfloat16)
     fused = fused_ops.fuse(copy.deepcopy(stock))
     assert fused_kind(fused.backbone.norm_f) == "norm" and fused_kind(fused) == "lm_head_loss"
-    ids = hf_families.batch(stock)
+    ids = hf_families.batch(stock).to(device)
     assert_no_further_from_float32_than_stock(*(training_step(model, ids) for model in (reference, stock, fused)))
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     # Each block's norm and the head + loss; the last norm is its own forward's.
@@ -98,15 +98,15 @@ def test_16_bit_model_with_a_float32_residual_stream(model_type):
 
 @pytest.mark.parametrize("model_type, rotary_op_runs", [("llama", True), ("qwen3", True), ("gemma3_text", True),
                                                          ("hy_v4", True), ("zaya", False)])
-def test_autocast_training_step_matches_stock(model_type, rotary_op_runs):
+def test_autocast_training_step_matches_stock(model_type, rotary_op_runs, device):
     """Float32 parameters under autocast to bfloat16: the rotary op takes 16-bit heads with float32 tables
     where the probe proved the attention under autocast; Zaya's heads, one 16-bit and one float32 there,
     go to the stock function. Llama's and Qwen3's q/k norms promote to float32 there: their own forwards run."""
-    reference = hf_families.build(model_type)
+    reference = hf_families.build(model_type).to(device)
     stock, fused = copy.deepcopy(reference), fused_ops.fuse(copy.deepcopy(reference))
-    ids = hf_families.batch(stock)
+    ids = hf_families.batch(stock).to(device)
     assert_no_further_from_float32_than_stock(training_step(reference, ids), training_step(stock, ids, autocast=True),
                                               training_step(fused, ids, autocast=True))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     assert ("rotary_embedding" in calls) == rotary_op_runs, calls
