@@ -8,7 +8,9 @@ float64 kernel, as grouped matrix products of experts); outputs and the gradient
 are compared. Rules of elementwise functions (norms, activations, gates) prove again with every floating
 input a thousand times larger: a clamp or a threshold (DeepSeek-V4's and gpt-oss's experts clamp the gate
 at 10 and 7) that unit-scale values never reach shows there. A second run in the module's own dtype,
-device and parameters checks the output dtypes.
+device and parameters checks the output dtypes. Where a rule's fused forward may also take mixed dtypes,
+verify_in_mixed_precision proves that case after the variant holds: float32 parameters on 16-bit inputs,
+or float32 inputs under autocast.
 A mixture of experts is probed with as few experts as its routing needs and a gated MLP with a narrow
 intermediate width (`stand_in`): a rule's proof depends on neither, and 128 experts' or a 14336-wide
 MLP's random float copies and gradients would cost gigabytes and minutes of host time per probe.
