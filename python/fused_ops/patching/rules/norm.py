@@ -143,19 +143,6 @@ class NormRule(Rule):
 
     def proven_options(self, module, options, context):
         """A weighted norm's proven options, and whether the op also computes what its own forward does with
-        float32 parameters on 16-bit inputs (where Llama's promotes to float32, the op keeps the input's dtype)."""
-        if getattr(module, "weight", None) is None:
-            return options
-        mixed = tuple(options) + ((FLOAT32_ON_16_BIT, True),)
-        try:
-            probe.verify_in_mixed_precision(module, self.fused_class(module, mixed), self.inputs(module, context),
-                                            under_autocast=False)
-        except Exception:  # a mismatch, or a stock forward that cannot run so: not proven
-            return tuple(options) + ((FLOAT32_ON_16_BIT, False),)
-        return mixed
-
-    def proven_options(self, module, options, context):
-        """A weighted norm's proven options, and whether the op also computes what its own forward does with
         float32 parameters on 16-bit inputs (Llama's RMSNorm promotes its output to float32 there; the op
         keeps the input's dtype)."""
         if getattr(module, "weight", None) is None:
