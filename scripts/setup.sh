@@ -1,7 +1,7 @@
 # Sourced by scripts/demo.sh and scripts/test.sh. Sets PY to a Python with torch, installs
 # what is missing, and builds + installs fused_ops when its sources changed.
 #   PYTHON=/path/to/python  use that interpreter (it must already have torch) instead of .venv
-#   TORCH_CUDA_ARCH_LIST     GPU targets (default "9.0+PTX")
+#   TORCH_CUDA_ARCH_LIST     GPU targets (default: this machine's GPUs plus PTX, or "9.0+PTX" without one)
 #   FUSED_OPS_CUDA=OFF       build without CUDA kernels
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

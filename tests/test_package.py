@@ -29,6 +29,8 @@ def test_python_m_fused_ops_reports_everything():
     assert "CUDA kernels compiled: " + ("yes" if fused_ops.cuda_kernels_compiled() else "no") in out
     if fused_ops.cuda_kernels_compiled():
         assert f"CUDA architectures: {' '.join(fused_ops.cuda_arch_list())}" in out
+    for index in range(torch.cuda.device_count()):
+        assert f"GPU {index}: {torch.cuda.get_device_name(index)}: the CUDA kernels run" in out
     assert "fused::relu_add(Tensor x, Tensor y, float bias=0.) -> Tensor" in out
     assert "fused::relu_add_backward(Tensor grad, Tensor x) -> Tensor" in out
     assert "fused::relu_add_with_mask(Tensor x, Tensor y, float bias=0.) -> (Tensor out, Tensor mask)" in out
@@ -53,14 +55,17 @@ def test_python_m_fused_ops_into_a_reader_that_stops_early():
 
 
 def test_cuda_arch_list_names_the_build_targets():
-    """A CUDA build names its TORCH_CUDA_ARCH_LIST targets (default 9.0+PTX); a CPU build none."""
+    """A CUDA build names its TORCH_CUDA_ARCH_LIST targets (by default the GPUs the building machine has,
+    plus PTX of the newest, or 9.0+PTX where it has none); a CPU build none."""
     archs = fused_ops.cuda_arch_list()
     if not fused_ops.cuda_kernels_compiled():
         assert archs == []
         return
     assert archs, "a CUDA build names at least one target"
     # scripts/setup.sh builds with the TORCH_CUDA_ARCH_LIST the tests then run under
-    assert archs == (os.environ.get("TORCH_CUDA_ARCH_LIST") or "9.0+PTX").replace(";", " ").split()
+    capabilities = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    visible = ";".join(f"{major}.{minor}" for major, minor in capabilities) + "+PTX" if capabilities else "9.0+PTX"
+    assert archs == (os.environ.get("TORCH_CUDA_ARCH_LIST") or visible).replace(";", " ").split()
     for arch in archs:
         assert re.fullmatch(r"\d+\.\d+[af]?(\+PTX)?", arch), arch
 

@@ -4,7 +4,9 @@ Importing this package loads the shared library, which registers every op. The l
 holds no Python: `torch.ops.load_library(fused_ops.library_path())` alone is equivalent,
 and a C++ process can link it directly.
 """
+import functools
 import os
+from typing import Optional
 
 import torch
 
@@ -41,6 +43,40 @@ def cuda_arch_list() -> list:
         return []
     with open(path) as file:
         return file.read().replace(";", " ").split()
+
+
+def cuda_kernels_run_on(device="cuda") -> bool:
+    """Whether the CUDA kernels run on `device` (a CUDA device or its index): built in, and built for a
+    target that GPU runs (`cuda_arch_list()`). `why_cuda_kernels_do_not_run_on` says why not."""
+    return why_cuda_kernels_do_not_run_on(device) is None
+
+
+def why_cuda_kernels_do_not_run_on(device="cuda") -> Optional[str]:
+    """None where the CUDA kernels run on `device`; otherwise why they do not, and how to rebuild."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"fused_ops.why_cuda_kernels_do_not_run_on: expected a CUDA device, got {device}")
+    return _why_kernels_do_not_run_on_index(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _why_kernels_do_not_run_on_index(index: int) -> Optional[str]:
+    # Every kernel is built for the same targets, so whether one op runs answers for all of them.
+    major, minor = torch.cuda.get_device_capability(index)
+    gpu = f"{torch.cuda.get_device_name(index)} (cuda:{index}, compute capability {major}.{minor})"
+    rebuild = (f"rebuild fused_ops for it: TORCH_CUDA_ARCH_LIST={major}.{minor} scripts/setup.sh, or "
+               f"TORCH_CUDA_ARCH_LIST={major}.{minor} pip install --no-build-isolation . in its source folder")
+    if not cuda_kernels_compiled():
+        return f"this build of fused_ops has no CUDA kernels, so its ops do not run on {gpu}; {rebuild}"
+    try:
+        x = torch.ones(4, device=torch.device("cuda", index))
+        if torch.equal(torch.ops.fused.relu_add(x, x), x + x):
+            return None
+        problem = "an op gave a wrong result there"
+    except RuntimeError as error:
+        problem = str(error).strip().splitlines()[0]
+    return (f"the CUDA kernels, built for {' '.join(cuda_arch_list()) or 'unknown targets'}, do not run on {gpu} "
+            f"({problem}); {rebuild}")
 
 
 def _check_built_for_this_torch() -> None:
@@ -83,6 +119,8 @@ __all__ = [
     "cmake_prefix_path",
     "cuda_kernels_compiled",
     "cuda_arch_list",
+    "cuda_kernels_run_on",
+    "why_cuda_kernels_do_not_run_on",
     "relu_add",
     "bias_gelu",
     "silu_mul",

@@ -24,6 +24,10 @@ def main() -> None:
     if fused_ops.cuda_kernels_compiled():
         print(f"CUDA architectures: {' '.join(fused_ops.cuda_arch_list())}")
     print(f"CUDA device available: {'yes' if torch.cuda.is_available() else 'no'}")
+    for index in range(torch.cuda.device_count()):
+        why_not = fused_ops.why_cuda_kernels_do_not_run_on(index)
+        print(f"GPU {index}: {torch.cuda.get_device_name(index)}: "
+              + ("the CUDA kernels run" if why_not is None else why_not))
     print("ops:")
     for schema in torch._C._jit_get_all_schemas():
         if schema.name.startswith("fused::"):

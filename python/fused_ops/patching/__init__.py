@@ -13,6 +13,7 @@ import warnings
 
 import torch
 
+from .. import why_cuda_kernels_do_not_run_on
 from . import probe
 from .report import Entry, FusionReport
 from .rules import LeftAlone
@@ -152,6 +153,7 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     keep working. The swaps are instance-level subclasses that pickle and deepcopy. The LM head + loss
     skips the logits only when training with labels; in eval mode the logits come back with the loss.
     `model.fused_ops_report` says what was swapped and left alone, and why (`verbose=True` prints it).
+    A model on a GPU the CUDA kernels do not run on (a build for other targets) is returned unchanged.
     The keyword flags turn kinds off (`causal_mask` also turns off the sliding-window attention).
     """
     if not isinstance(model, torch.nn.Module):
@@ -164,6 +166,15 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
                    causal_mask=causal_mask)
     rules = [rule for rule, flag in _RULES if enabled[flag]]
     candidates = {rule.kind: list(rule.candidates(model)) for rule in rules}
+    cuda_devices = sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.is_cuda})
+    refusal = _why_the_kernels_do_not_run_on_its_gpus(cuda_devices)
+    if refusal is not None:  # a swap would make the stock model's first call fail there
+        report = _empty_report(model)
+        report.entries = [Entry(path, type(module).__name__, rule.kind, False, refusal)
+                          for rule in rules for path, module in candidates[rule.kind]]
+        model.fused_ops_report = report
+        warnings.warn(f"fused_ops.fuse: {refusal}; {type(model).__name__} returned unchanged", stacklevel=2)
+        return model
     captured = {module for rule in rules if rule.needs_capture for _, module in candidates[rule.kind]}
     captured |= {module._modules[base_model_name(module)] for rule in rules if rule.kind == "lm_head_loss"
                  for _, module in candidates[rule.kind] if base_model_name(module) is not None}
@@ -173,7 +184,6 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     # which seed their data and dropout, are left where they were. An autocast region fuse() is called in
     # would run the float64 probes in bfloat16 and refuse proven swaps: the probes run outside it, and make
     # their tensors on the CPU whatever default device the caller has set (`with torch.device("cuda")`).
-    cuda_devices = sorted({t.device.index for t in (*model.parameters(), *model.buffers()) if t.is_cuda})
     try:
         with contextlib.ExitStack() as outside:
             outside.enter_context(torch.random.fork_rng(devices=cuda_devices))
@@ -194,9 +204,19 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     return model
 
 
-def _fuse_proven(model, rules, candidates, context):
+def _why_the_kernels_do_not_run_on_its_gpus(cuda_devices):
+    """Why the CUDA kernels do not run on one of the model's GPUs (a build for other targets, or without
+    CUDA kernels), or None."""
+    return next(filter(None, (why_cuda_kernels_do_not_run_on(index) for index in cuda_devices)), None)
+
+
+def _empty_report(model):
     config = getattr(getattr(model, "_orig_mod", model), "config", None)
-    report = FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
+    return FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
+
+
+def _fuse_proven(model, rules, candidates, context):
+    report = _empty_report(model)
     verdicts = {}  # identical modules (_configuration) share one proof: layers of a model are proven once
     for rule in rules:
         for path, module in candidates[rule.kind]:
