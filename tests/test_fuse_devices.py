@@ -80,7 +80,7 @@ def test_why_not_names_the_gpu_the_targets_and_the_rebuild(monkeypatch):
         monkeypatch.setattr(torch.ops.fused, "relu_add", no_kernel_image)
         reason = fused_ops.why_cuda_kernels_do_not_run_on(0)
         assert f"built for {' '.join(fused_ops.cuda_arch_list())}" in reason
-        assert "(CUDA error: no kernel image is available for execution on the device)" in reason and rebuild in reason
+        assert ": CUDA error: no kernel image is available for execution on the device; " in reason and rebuild in reason
         assert not fused_ops.cuda_kernels_run_on(0)
         with pytest.warns(UserWarning, match="no kernel image is available"):
             model = fused_ops.fuse(tiny_llama().cuda())
