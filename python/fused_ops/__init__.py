@@ -75,8 +75,6 @@ def _why_kernels_do_not_run_on_index(index: int) -> Optional[str]:
         problem = "an op gave a wrong result there"
     except RuntimeError as error:
         problem = str(error).strip().splitlines()[0]
-        if problem.startswith("fused_ops: "):  # the library's own check, which names the GPU, targets and rebuild
-            return problem[len("fused_ops: "):]
     return (f"the CUDA kernels, built for {' '.join(cuda_arch_list()) or 'unknown targets'}, do not run on {gpu}: "
             f"{problem}; {rebuild}")
 
