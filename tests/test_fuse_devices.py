@@ -40,7 +40,7 @@ def test_a_gpu_the_kernels_do_not_run_on_leaves_every_module_alone(monkeypatch):
 
 
 def test_only_the_model_gpus_are_asked(monkeypatch):
-    """A model on the CPU asks about no GPU; the list handed over is what its tensors are on."""
+    """A model on the CPU asks about no GPU (so a CPU model is fused on a machine whose GPU the build lacks)."""
     asked = []
     monkeypatch.setattr(fused_ops.patching, "why_cuda_kernels_do_not_run_on", lambda index: asked.append(index))
     assert fused_ops.fuse(tiny_llama()).fused_ops_report.swapped
