@@ -20,6 +20,28 @@ using torch::autograd::variable_list;
 template <typename Signature>
 class FusedOp;
 
+// Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) carries tangents the ops have no
+// rule for: an error naming the op, never an output with a silently missing (zero) tangent.
+inline bool has_forward_gradient(const at::Tensor& tensor) {
+  return tensor.defined() && tensor._fw_grad(/*level=*/0).defined();
+}
+inline bool has_forward_gradient(const std::optional<at::Tensor>& tensor) {
+  return tensor.has_value() && has_forward_gradient(*tensor);
+}
+template <typename Option>
+bool has_forward_gradient(const Option&) {
+  return false;
+}
+
+template <typename... Arguments>
+void check_no_forward_gradient(const char* op, const Arguments&... arguments) {
+  TORCH_CHECK(!(has_forward_gradient(arguments) || ...), op,
+              ": forward-mode AD (torch.func.jvp, torch.func.jacfwd, torch.autograd.forward_ad) is not supported "
+              "by this op; use reverse mode (torch.func.vjp, torch.func.jacrev, torch.autograd.grad), or the stock "
+              "PyTorch computation (a model fused by fused_ops.fuse() runs its stock forward under torch.func "
+              "transforms and forward-mode AD)");
+}
+
 template <typename Return, typename... Args>
 class FusedOp<Return(Args...)> {
  public:
@@ -38,6 +60,7 @@ class FusedOp<Return(Args...)> {
 
   // The backend's kernel, with no graph recorded.
   Return below_autograd(Args... args) const {
+    check_no_forward_gradient(name_, args...);
     at::AutoDispatchBelowADInplaceOrView below;
     return (*this)(args...);
   }
@@ -79,6 +102,7 @@ struct AutogradKernel;
 template <typename Function, const auto& kOp, typename Return, typename... Args>
 struct AutogradKernel<Function, kOp, Return(Args...)> {
   static Return call(Args... args) {
+    check_no_forward_gradient(kOp.name(), args...);
     if (!records_gradient(args...)) return kOp.below_autograd(args...);
     if constexpr (std::is_same_v<Return, at::Tensor>) {
       return Function::apply(args...);

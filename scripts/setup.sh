@@ -26,7 +26,7 @@ missing=$("$PY" - <<'PYEOF'
 import importlib.util, shutil
 wanted = {"pytest": "pytest", "xdist": "pytest-xdist", "hypothesis": "hypothesis", "numpy": "numpy",
           "matplotlib": "matplotlib", "scikit_build_core": "scikit-build-core",
-          "transformers": "transformers==5.17.0", "peft": "peft"}
+          "transformers": "transformers==5.17.0", "peft": "peft", "accelerate": "accelerate"}
 missing = [pip for module, pip in wanted.items() if importlib.util.find_spec(module) is None]
 if shutil.which("ninja") is None and importlib.util.find_spec("ninja") is None:
     missing.append("ninja")
@@ -37,6 +37,11 @@ if ! command -v cmake >/dev/null 2>&1; then missing="$missing cmake"; fi
 if [ -n "${missing// /}" ]; then
   echo "[setup] installing $missing"
   "$PY" -m pip install -q $missing
+fi
+# TRL, for the trainer tests: where it cannot be installed (a machine without a package index) they skip.
+if ! "$PY" -c "import trl" 2>/dev/null; then
+  echo "[setup] installing trl==1.16.0"
+  "$PY" -m pip install -q "trl==1.16.0" || echo "[setup] trl could not be installed; its tests are skipped"
 fi
 
 # The build options, as pip passes them to CMake (scripts/build_wheel.sh builds with the same).

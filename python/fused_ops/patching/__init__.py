@@ -43,7 +43,7 @@ class _Context:
     """The calls of one probe forward of the whole model, for rules whose inputs are a real call's."""
 
     def __init__(self, model, modules):
-        self.calls, self.failure = {}, None
+        self.calls, self.failure, self.error = {}, None, None
         if not modules:
             return
         forward_model = getattr(model, "_orig_mod", model)  # a compiled model: probe the eager one
@@ -66,7 +66,7 @@ class _Context:
             self.calls = probe.capture_calls(forward_model, modules,
                                              lambda: forward_model(input_ids=ids, use_cache=False))
         except Exception as error:  # the model's own forward: whatever it raises, nothing is swapped from it
-            self.failure = f"the probe forward failed: {type(error).__name__}: {str(error)[:200]}"
+            self.failure = self.error = f"the probe forward failed: {type(error).__name__}: {error}"
 
     def captured_inputs(self, module):
         if module not in self.calls:
@@ -78,8 +78,9 @@ class _Context:
         return self.calls[module][2] if module in self.calls else None
 
 
-def _prove(rule, module, context):
-    """The options of the first variant proven for `module`, or raises LeftAlone with every reason."""
+def _prove(rule, module, context, errors):
+    """The options of the first variant proven for `module`, or raises LeftAlone with every reason; a probe
+    that fails with an error (not a mismatch) adds its message to `errors`, which fuse() warns of."""
     reasons = []
     for options in rule.variants(module, context):
         fused_cls = rule.fused_class(module, options)
@@ -93,10 +94,13 @@ def _prove(rule, module, context):
         except LeftAlone:
             raise
         except probe.Mismatch as mismatch:
-            reasons.append(f"{_describe(options)}: {mismatch}")
+            reasons.append((options, str(mismatch)))
         except Exception as error:  # the probe of a module that is not what the rule replaces
-            reasons.append(f"{_describe(options)}: the probe failed ({type(error).__name__}: {str(error)[:160]})")
-    raise LeftAlone("not proven: " + "; ".join(reasons))
+            message = f"the probe failed: {type(error).__name__}: {error}"
+            errors.setdefault(message, []).append(type(module).__name__)
+            reasons.append((options, message))
+    detail = "not proven: " + "; ".join(f"{_describe(options)}: {message}" for options, message in reasons)
+    raise LeftAlone(detail, "not proven: " + "; ".join(dict.fromkeys(message for _, message in reasons)))
 
 
 def _configuration(module):
@@ -109,7 +113,10 @@ def _configuration(module):
                                   if not key.startswith("_") and key != "layer_idx"))
         tensors = tuple((key, type(t), tuple(t.shape), t.dtype, t.device.type) for key, t in
                         list(sub._parameters.items()) + list(sub._buffers.items()) if t is not None)
-        described.append((name, type(sub), attributes, tensors))
+        # A module with hooks of its own is a function of its own: a proof of its twin without them is not its.
+        hooks = tuple(tuple(hooks) for hooks in (sub._forward_hooks, sub._forward_pre_hooks, sub._backward_hooks,
+                                                 sub._backward_pre_hooks))
+        described.append((name, type(sub), attributes, tensors, hooks))
     return tuple(described)
 
 
@@ -154,6 +161,11 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     skips the logits only when training with labels; in eval mode the logits come back with the loss.
     `model.fused_ops_report` says what was swapped and left alone, and why (`verbose=True` prints it).
     A model on a GPU the CUDA kernels do not run on (a build for other targets) is returned unchanged.
+    A probe that fails with an error (a bad FUSED_OPS_* setting, an exception inside a module) is a warning,
+    once per reason. Each fused module keeps the stock forward's signature and docstring, and a call the
+    fused code cannot honour runs the stock forward: under a torch.func transform or forward-mode AD, with a
+    hook on a part the fused code does not call (or a global module hook), with arguments or edits made
+    since fuse() that its proof does not cover.
     The keyword flags turn kinds off (`causal_mask` also turns off the sliding-window attention).
     """
     if not isinstance(model, torch.nn.Module):
@@ -187,21 +199,46 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     try:
         with contextlib.ExitStack() as outside:
             outside.enter_context(torch.random.fork_rng(devices=cuda_devices))
+            outside.enter_context(_global_hooks_suspended())
             outside.enter_context(torch.device("cpu"))
             for device_type in ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",):
                 outside.enter_context(torch.autocast(device_type, enabled=False))
             context = _Context(model, captured)
-            report = _fuse_proven(model, rules, candidates, context)
+            errors = {}
+            report = _fuse_proven(model, rules, candidates, context, errors)
     finally:
         torch.set_num_threads(threads)
         probe.forget_random_parameters()
     model.fused_ops_report = report
     _log(report)
+    if context.error is not None:
+        errors.setdefault(context.error, []).append(type(model).__name__)
+    for message, classes in errors.items():  # once per reason, whole
+        warnings.warn(f"fused_ops.fuse: {', '.join(dict.fromkeys(classes))} left alone because {message}",
+                      stacklevel=2)
     if verbose:
         print(report)
     if not report.swapped:
         warnings.warn(f"fused_ops.fuse: nothing to fuse in {type(model).__name__}; returned unchanged", stacklevel=2)
     return model
+
+
+@contextlib.contextmanager
+def _global_hooks_suspended():
+    """Global module hooks set aside while the probes run: a user's hook sees the model's calls, not the
+    probes', and a proof is of the computation itself (at each call, a global hook sends every fused module
+    that skips a child to its stock forward)."""
+    from torch.nn.modules import module as hooks
+    registries = [hooks._global_forward_hooks, hooks._global_forward_pre_hooks, hooks._global_backward_hooks,
+                  hooks._global_backward_pre_hooks]
+    saved = [dict(registry) for registry in registries]
+    for registry in registries:
+        registry.clear()
+    try:
+        yield
+    finally:
+        for registry, entries in zip(registries, saved):
+            registry.update(entries)
 
 
 def _why_the_kernels_do_not_run_on_its_gpus(cuda_devices):
@@ -215,7 +252,7 @@ def _empty_report(model):
     return FusionReport(type(model).__name__, str(getattr(config, "model_type", "") or ""))
 
 
-def _fuse_proven(model, rules, candidates, context):
+def _fuse_proven(model, rules, candidates, context, errors):
     report = _empty_report(model)
     verdicts = {}  # identical modules (_configuration) share one proof: layers of a model are proven once
     for rule in rules:
@@ -232,14 +269,15 @@ def _fuse_proven(model, rules, candidates, context):
             key = (rule.kind, _configuration(module))
             if key not in verdicts:
                 try:
-                    verdicts[key] = _prove(rule, module, context)
+                    verdicts[key] = _prove(rule, module, context, errors)
                 except LeftAlone as reason:
                     verdicts[key] = reason
             options = verdicts[key]
             if isinstance(options, LeftAlone):
-                report.entries.append(Entry(path, module_class, rule.kind, False, str(options)))
+                report.entries.append(Entry(path, module_class, rule.kind, False, str(options), options.summary))
                 continue
-            report.entries.append(Entry(path, module_class, rule.kind, True, _describe(options)))
+            report.entries.append(Entry(path, module_class, rule.kind, True, _describe(options),
+                                        rule.summary(dict(options))))
             swap(module, rule.fused_class(module, options))
     for rule in rules:
         rule.settle(model, report)

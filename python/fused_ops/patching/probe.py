@@ -214,7 +214,21 @@ def forget_random_parameters():
     _random_parameters.clear()
 
 
-def _run(module, cls, state, inputs, dtype, device, training, select, grads: bool):
+class _FusedOpsSeen:
+    """A dispatch mode that lists the torch.ops.fused ops a forward calls."""
+
+    def __new__(cls, seen):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Watch(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.namespace == "fused":
+                    seen.append(func)
+                return func(*args, **(kwargs or {}))
+        return Watch()
+
+
+def _run(module, cls, state, inputs, dtype, device, training, select, grads: bool, fused_ops_seen=None):
     args, kwargs = inputs.make(dtype, device)
     grad_target = None
     if grads and inputs.grad_input is not None:
@@ -229,9 +243,10 @@ def _run(module, cls, state, inputs, dtype, device, training, select, grads: boo
         else:
             grad_target = None
         args = tuple(args)
+    watching = _FusedOpsSeen(fused_ops_seen) if fused_ops_seen is not None else contextlib.nullcontext()
     with as_class(module, cls), _modes(module, training), _values_kept(module), torch.random.fork_rng(devices=[]):
         torch.manual_seed(PROBE_SEED)
-        with torch.enable_grad() if grads else torch.no_grad():
+        with torch.enable_grad() if grads else torch.no_grad(), watching:
             output = select(functional_call(module, state, args, kwargs, strict=False))
     if not grads:
         return output, []
@@ -251,7 +266,8 @@ class _RefusesFloat64(Exception):
     """The module's own forward has no float64 kernel (grouped matrix products): probe in float32."""
 
 
-def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, parameters, dtype, rtol):
+def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, parameters, dtype, rtol,
+                                    fused_op_must_run):
     state = {name: _random_like(name, p, dtype) for name, p in parameters.items()}
     state.update({name: b.detach().to("cpu", dtype if b.is_floating_point() else b.dtype)
                   for name, b in module.named_buffers()})
@@ -264,7 +280,11 @@ def _compare_with_random_parameters(module, fused_cls, inputs, select, modes, pa
             if dtype == torch.float64 and "Double" in str(error):
                 raise _RefusesFloat64() from error
             raise
-        got, got_grads = _run(module, fused_cls, state, inputs, dtype, device, training, select, True)
+        seen = [] if fused_op_must_run else None
+        got, got_grads = _run(module, fused_cls, state, inputs, dtype, device, training, select, True, seen)
+        if fused_op_must_run and not seen and training == modes[-1]:
+            raise Mismatch(f"its fused forward ran no fused op in {mode} mode (the stock computation it replaces "
+                           "is not on the path this call takes), so the probe proves nothing")
         # Float32 tolerances: stock forwards often compute in float32 whatever the input (Llama's
         # RMSNorm, the causal-LM loss); the probe's inputs put any epsilon or constant far above them.
         # The dtypes are compared in the module's own dtype below.
@@ -397,21 +417,23 @@ def stand_in(module, inputs: Inputs):
     return subject, Inputs(make, inputs.grad_input)
 
 
-def _prove_with_random_parameters(subject, fused_cls, inputs, select, modes, rtol=_PROBE_RTOL):
+def _prove_with_random_parameters(subject, fused_cls, inputs, select, modes, rtol=_PROBE_RTOL,
+                                  fused_op_must_run=True):
     parameters = dict(subject.named_parameters())
     elements = sum(p.numel() for p in parameters.values())
     dtypes = [torch.float64, torch.float32] if elements <= _FLOAT64_ELEMENTS else [torch.float32]
     with _threads(host_threads if elements >= _THREADED_ELEMENTS else torch.get_num_threads()):
         for dtype in dtypes:
             try:
-                _compare_with_random_parameters(subject, fused_cls, inputs, select, modes, parameters, dtype, rtol)
+                _compare_with_random_parameters(subject, fused_cls, inputs, select, modes, parameters, dtype, rtol,
+                                                fused_op_must_run)
                 return
             except _RefusesFloat64:
                 continue
 
 
-def _prove_at_scales(subject, fused_cls, inputs, select, modes, large_inputs):
-    _prove_with_random_parameters(subject, fused_cls, inputs, select, modes)
+def _prove_at_scales(subject, fused_cls, inputs, select, modes, large_inputs, fused_op_must_run):
+    _prove_with_random_parameters(subject, fused_cls, inputs, select, modes, fused_op_must_run=fused_op_must_run)
     if large_inputs:
         try:
             # Eval mode alone: the unit-scale proof has shown that train mode (dropout) matches.
@@ -422,22 +444,25 @@ def _prove_at_scales(subject, fused_cls, inputs, select, modes, large_inputs):
 
 
 def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
-           select: Optional[Callable] = None, modes=(False, True), large_inputs: bool = False) -> None:
+           select: Optional[Callable] = None, modes=(False, True), large_inputs: bool = False,
+           fused_op_must_run: bool = True) -> None:
     """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own forward does (see the
     module docstring); `select` picks from an output what must match; `large_inputs` proves it again with
-    the inputs _LARGE_INPUT_SCALE times larger."""
+    the inputs _LARGE_INPUT_SCALE times larger. With `fused_op_must_run`, a proof counts only where the
+    fused forward ran a fused op (in the last of `modes`): a forward whose fused op is off the path the probe
+    takes computes the stock function there and proves nothing."""
     select = select or (lambda output: output)
     stock_cls = type(module)
     if random_parameters:
         subject, subject_inputs = stand_in(module, inputs)
         try:
-            _prove_at_scales(subject, fused_cls, subject_inputs, select, modes, large_inputs)
+            _prove_at_scales(subject, fused_cls, subject_inputs, select, modes, large_inputs, fused_op_must_run)
         except Mismatch:
             raise
         except Exception:  # a stand-in the module's own forward cannot run: the module whole decides
             if subject is module:
                 raise
-            _prove_at_scales(module, fused_cls, inputs, select, modes, large_inputs)
+            _prove_at_scales(module, fused_cls, inputs, select, modes, large_inputs, fused_op_must_run)
     # In the module's own dtype, device and parameters: the same output dtypes and close values.
     parameter = next(module.parameters(), None)
     own_dtype = parameter.dtype if parameter is not None else torch.float32

@@ -12,6 +12,7 @@ import types
 from typing import Callable, Dict, Tuple
 
 import torch
+from torch.nn.modules import module as _module_hooks
 
 # kind -> function(base_class, options: dict) -> forward, or {method name: method}
 _FORWARD_BUILDERS: Dict[str, Callable] = {}
@@ -20,14 +21,24 @@ _CLASSES: Dict[Tuple, type] = {}
 _REPLACED_METHODS: Dict[str, Tuple[str, ...]] = {}
 # option name -> function(forward, value) -> forward: a change any kind's fused forward may carry on top
 _FORWARD_OPTIONS: Dict[str, Callable] = {}
+# kind -> function(options: dict) -> the names of the children its fused methods compute without calling them
+_SKIPPED_CHILDREN: Dict[str, Callable] = {}
+# kind -> function(module, args, kwargs) -> whether this call needs the stock method (an argument the fused
+# one does not honour)
+_STOCK_CALLS: Dict[str, Callable] = {}
 
 
-def forward_builder(kind: str, methods: Tuple[str, ...] = ("forward",)):
+def forward_builder(kind: str, methods: Tuple[str, ...] = ("forward",), skips: Callable = None,
+                    needs_stock: Callable = None):
     """Registers the function that makes a fused forward of `kind` (or the fused `methods`, by name) for a
-    base class and options."""
+    base class and options. `skips(options)` names the children the fused methods compute without calling
+    them (a hook on one of those sends the call to the stock method); `needs_stock(module, args, kwargs)`
+    says whether a call takes arguments the fused method does not honour."""
     def register(build):
         _FORWARD_BUILDERS[kind] = build
         _REPLACED_METHODS[kind] = methods
+        _SKIPPED_CHILDREN[kind] = skips or (lambda options: ())
+        _STOCK_CALLS[kind] = needs_stock
         return build
     return register
 
@@ -57,11 +68,63 @@ def fused_class(base: type, kind: str, options: tuple) -> type:
         for name, value in options:
             if name in _FORWARD_OPTIONS:
                 methods["forward"] = _FORWARD_OPTIONS[name](methods.get("forward", base.forward), value)
+        skipped = tuple(_SKIPPED_CHILDREN[kind](dict(options)))
+        methods = {name: _as_seen_by_callers(base, name, method, skipped, _STOCK_CALLS[kind])
+                   for name, method in methods.items()}
         _CLASSES[key] = type(f"Fused{base.__name__}", (base,), {
             **methods, "_fused_ops_kind": kind, "_fused_ops_options": options,
             "_fused_ops_option_values": dict(options),
             "__reduce_ex__": _reduce_fused, "__module__": base.__module__})
     return _CLASSES[key]
+
+
+def _as_seen_by_callers(base, name, fused, skipped, needs_stock):
+    """The fused method as callers see the stock one: its signature, name and docstring (Trainer, TRL and
+    generate read them), and a check at each call that sends to the stock method any call the fused one
+    cannot honour: one under a torch.func transform or forward-mode AD (whose rules the fused ops lack),
+    hooks on a child the fused method does not call (or global module hooks, which would see fewer calls),
+    and the arguments `needs_stock` names."""
+    stock = getattr(base, name)
+
+    def method(self, *args, **kwargs):
+        if stock_call_needed(self, skipped) or (needs_stock is not None and needs_stock(self, args, kwargs)):
+            return stock(self, *args, **kwargs)
+        return fused(self, *args, **kwargs)
+    method.__name__, method.__doc__ = getattr(stock, "__name__", name), getattr(stock, "__doc__", None)
+    method.__qualname__ = f"{base.__qualname__}.{method.__name__}"
+    method.__module__ = getattr(stock, "__module__", base.__module__)
+    try:
+        method.__signature__ = inspect.signature(stock)
+    except (TypeError, ValueError):  # a stock method without a readable signature: callers read none either
+        pass
+    method._fused_ops_fused = fused
+    return method
+
+
+def stock_call_needed(module, skipped=()) -> bool:
+    """Whether a fused module's call must run the stock method: under a torch.func transform or forward-mode
+    AD, or where a child it does not call (`skipped`) has a hook, or any global module hook is registered
+    while it skips children. Dict lookups only: nothing measurable per call."""
+    if not torch.compiler.is_compiling() and (torch._C._functorch.peek_interpreter_stack() is not None
+                                              or torch.autograd.forward_ad._current_level >= 0):
+        return True
+    if not skipped:
+        return False
+    if (_module_hooks._global_forward_hooks or _module_hooks._global_forward_pre_hooks
+            or _module_hooks._global_backward_hooks or _module_hooks._global_backward_pre_hooks):
+        return True
+    children = module._modules
+    for name in skipped:
+        child = children.get(name)
+        if child is not None and has_hooks(child):
+            return True
+    return False
+
+
+def has_hooks(module) -> bool:
+    """Whether `module` has a forward, forward-pre, backward or backward-pre hook of its own."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
 
 
 def fused_kind(module) -> str:
@@ -237,11 +300,11 @@ def activation_children(module, projections=()) -> Tuple[Tuple[str, type], ...]:
 
 
 def is_plain_linear(module) -> bool:
-    """An nn.Linear with no hooks and a weight and bias of plain values: its product may be taken from its
-    weight without calling it."""
-    return (type(module) is torch.nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
-            and not torch.nn.modules.module._global_forward_hooks
-            and not torch.nn.modules.module._global_forward_pre_hooks
+    """An nn.Linear with no hooks (its own or global) and a weight and bias of plain values: its product may be
+    taken from its weight without calling it."""
+    return (type(module) is torch.nn.Linear and not has_hooks(module)
+            and not _module_hooks._global_forward_hooks and not _module_hooks._global_forward_pre_hooks
+            and not _module_hooks._global_backward_hooks and not _module_hooks._global_backward_pre_hooks
             and holds_plain_tensors(module, "weight", "bias"))
 
 

@@ -9,7 +9,12 @@ from ..swap import fused_class, fused_kind
 
 
 class LeftAlone(Exception):
-    """A candidate the rule cannot replace; the message says why."""
+    """A candidate the rule cannot replace; the message says why (`summary`: the same in a user's words, the
+    variants' internal options left out)."""
+
+    def __init__(self, detail, summary=None):
+        super().__init__(detail)
+        self.summary = summary if summary is not None else detail
 
 
 class Rule:
@@ -41,6 +46,10 @@ class Rule:
             cls = type(module)
             return fused_class(cls.__bases__[0], cls._fused_ops_kind, cls._fused_ops_options + tuple(options))
         return fused_class(type(module), self.kind, tuple(options))
+
+    def summary(self, options: dict) -> str:
+        """What the swap does, in a user's words (the report's table; its detail view lists the options)."""
+        return self.description
 
     def settle(self, model, report) -> None:
         """After every rule has run: undo what another rule's verdict has left without effect."""

@@ -25,7 +25,11 @@ def _layout(module):
     return "gpt2_mlp" if "c_fc" in module._modules else "linear_mlp" if "fc_in" in module._modules else "intermediate"
 
 
-@forward_builder("bias_gelu")
+# The children each layout's fused forward computes without calling them: the projection and the activation.
+_SKIPPED = {"gpt2_mlp": ("c_fc", "act"), "linear_mlp": ("fc_in", "act"), "intermediate": ("dense", "intermediate_act_fn")}
+
+
+@forward_builder("bias_gelu", skips=lambda options: _SKIPPED[options["layout"]])
 def _bias_gelu_forward(base, options):
     approximate, layout = options["approximate"], options["layout"]
     stock = base.forward

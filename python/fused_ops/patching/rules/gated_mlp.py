@@ -26,7 +26,12 @@ def gated_down_projection(gate, up, down, activation):
 _PROJECTIONS = ("gate_proj", "up_proj", "gate_up_proj", "down_proj")
 
 
-@forward_builder("gated_mlp")
+def _skipped_children(options):
+    """What the fused forward computes without calling it: the activation and the down projection."""
+    return tuple(name for name, _ in options.get("_activation_children") or ()) + ("down_proj",)
+
+
+@forward_builder("gated_mlp", skips=_skipped_children)
 def _gated_mlp_forward(base, options):
     # None in a model pickled before the option existed: the stock forward (activation_children never equals it).
     activation, activations = options["activation"], options.get("_activation_children")
@@ -62,6 +67,10 @@ class GatedMLPRule(Rule):
             if "down_proj" in children and ("gate_proj" in children and "up_proj" in children
                                              or "gate_up_proj" in children):
                 yield name, module
+
+    def summary(self, options):
+        return (f"{options['activation']} gate x up and the down projection as one op, the activation recomputed "
+                "in the backward instead of saved")
 
     def variants(self, module, context):
         check_takes_one_input(module)

@@ -38,7 +38,21 @@ _OWN_FIELDS = {"loss", "logits", "aux_loss"}
 ROWS_TO_HEAD_DTYPE = "rows_to_head_dtype"
 
 
-@forward_builder("lm_head_loss")
+def _returns_a_tuple(module, args, kwargs):
+    """Whether the call asks for a tuple (return_dict=False, passed or from the config): the stock tuple has
+    the logits in its second place, which the fused output leaves empty, so such a call runs the stock forward."""
+    return_dict = kwargs.get("return_dict")
+    if return_dict is None:
+        return_dict = getattr(getattr(module, "config", None), "return_dict", True)
+    return not return_dict
+
+
+# The keyword arguments the causal LM's loss reads (transformers' ForCausalLMLoss); the fused loss honours
+# each of them.
+LOSS_KEYWORDS = ("ignore_index", "num_items_in_batch", "shift_labels")
+
+
+@forward_builder("lm_head_loss", skips=lambda options: ("lm_head",), needs_stock=_returns_a_tuple)
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
     logit_scale, softcap, labels_to_base = options["logit_scale"], options["softcap"], options["labels_to_base"]
@@ -50,18 +64,19 @@ def _causal_lm_forward(base, options):
     fields = [field.name for field in dataclasses.fields(output_class) if field.name not in _OWN_FIELDS
               and (field.name != "cross_attentions" or options.get("cross_attentions", True))]
 
-    def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch):
+    def fused_loss(self, hidden_states, labels, shift_labels, logits_to_keep, num_items_in_batch, ignore_index):
         """The causal LM's loss of the head over `hidden_states`, without the logits."""
         slice_indices = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         hidden_states = hidden_states[:, slice_indices, :]
         if shift_labels is None:
-            shift_labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
+            shift_labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
         rows, weight, bias = as_autocast_runs_linear(hidden_states, self.lm_head.weight, self.lm_head.bias)
         if rows_to_head_dtype and rows.dtype != weight.dtype:
             rows = rows.to(weight.dtype)
         if logit_scale != 1.0:  # (rows * s) @ W^T = s * logits; a bias would be scaled too
             rows = rows * logit_scale
         loss = _ops.linear_cross_entropy(rows, weight, shift_labels.to(hidden_states.device), bias,
+                                         ignore_index=ignore_index,
                                          reduction="mean" if num_items_in_batch is None else "sum",
                                          softcap=softcap)
         if num_items_in_batch is not None:
@@ -77,9 +92,12 @@ def _causal_lm_forward(base, options):
             router_logits_wanted = extra.pop("output_router_logits", None)
         if router_logits_wanted is None:
             router_logits_wanted = getattr(getattr(self, "config", None), "output_router_logits", False)
-        training_with_labels = self.training and (labels is not None or shift_labels is not None)
-        if (not training_with_labels or not is_plain_linear(self.lm_head)
-                or _head_constants(self) != options.get("_constants")
+        # The stock forward computes a loss only where labels are given (shift_labels alone gives none).
+        ignore_index = extra.get("ignore_index", -100)
+        if (not self.training or labels is None or not is_plain_linear(self.lm_head)
+                or not _loss_as_proven(self, options)
+                or (logit_scale != 1.0 and self.lm_head.bias is not None)  # a bias added since: scaled too
+                or not isinstance(ignore_index, int) or isinstance(ignore_index, bool)
                 or (router_logits_wanted and router_loss_function is None)):
             return innermost(stock)(self, *args, **kwargs)  # inside the stock decorators already
         logits_to_keep = arguments.pop("logits_to_keep", 0)
@@ -91,7 +109,8 @@ def _causal_lm_forward(base, options):
         if labels_to_base:
             arguments["labels"], handed["return_dict"] = labels, True
         outputs = self._modules[base_name](**arguments, **handed)
-        loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep, num_items_in_batch)
+        loss = fused_loss(self, outputs.last_hidden_state, labels, shift_labels, logits_to_keep, num_items_in_batch,
+                          ignore_index)
         passed = {name: getattr(outputs, name, None) for name in fields}
         if router_logits_wanted:
             aux_loss = router_loss_function(outputs.router_logits, self.num_experts, self.num_experts_per_tok,
@@ -105,6 +124,14 @@ def _causal_lm_forward(base, options):
     if decorated is None:
         raise LeftAlone("its forward's decorators do not hold the function they wrap")
     return decorated
+
+
+def _loss_as_proven(module, options):
+    """Whether the head computes now what it was proven with: the same final-logit softcap and logit scales,
+    the loss type, and no loss_function set on the instance since (the stock forward calls that one)."""
+    return (_head_constants(module) == options.get("_constants")
+            and getattr(module, "loss_type", None) == options.get("_loss_type")
+            and "_loss_function" not in vars(module))
 
 
 def _head_constants(module):
@@ -172,6 +199,13 @@ class LMHeadLossRule(Rule):
     description = "LM head + loss when training with labels -> linear_cross_entropy (no logits then)"
     needs_capture = True
 
+    def summary(self, options):
+        extras = ([f"logit scale {options['logit_scale']:g}"] if options["logit_scale"] != 1.0 else []) + (
+            [f"softcap {options['softcap']:g}"] if options["softcap"] else []) + (
+            ["router loss added"] if options["router_loss"] else [])
+        return ("LM head + cross-entropy without the logits when training with labels (eval and calls without "
+                "labels return the logits as before)" + (f"; {', '.join(extras)}" if extras else ""))
+
     def candidates(self, model):
         for name, module in model.named_modules():
             if "lm_head" in module._modules and "labels" in _parameters(module):
@@ -188,6 +222,8 @@ class LMHeadLossRule(Rule):
             raise LeftAlone(f"its forward does not take input_ids, labels and keyword arguments by name: {names}")
         if not isinstance(module.lm_head, torch.nn.Linear):
             raise LeftAlone("its head is not an nn.Linear")
+        if "_loss_function" in vars(module):
+            raise LeftAlone("a loss_function of its own is set on it; the fused loss is the causal LM's cross-entropy")
         output = context.captured_output(module)
         if output is None or not hasattr(output, "logits") or not dataclasses.is_dataclass(output):
             raise LeftAlone("the probe forward gave no output with logits")
@@ -205,7 +241,7 @@ class LMHeadLossRule(Rule):
         return [(("base", base_model_name(module)),) + cross + (("kwargs_to_base", kwargs),
                  ("labels_to_base", labels), ("logit_scale", scale), ("output_class", type(output)),
                  ("router_loss", router_loss), ("router_to_base", router), ("softcap", softcap),
-                 ("_constants", constants))
+                 ("_constants", constants), ("_loss_type", getattr(module, "loss_type", None)))
                 for cross in crosses
                 for kwargs in (True, False)
                 for labels in (False, True)

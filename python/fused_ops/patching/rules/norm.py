@@ -25,6 +25,18 @@ def _epsilon(module):
     return None
 
 
+# torch's norms given eps=None take the machine epsilon of the dtype they compute in (float32 for 16-bit
+# inputs): the option's value where the probe proves that.
+DTYPE_EPSILON = "the computation dtype's epsilon"
+
+
+def epsilon_for(eps, dtype):
+    """The number a proven epsilon option stands for on an input of `dtype`."""
+    if eps != DTYPE_EPSILON:
+        return eps
+    return torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+
+
 @forward_builder("norm")
 def _norm_forward(base, options):
     function, eps, offset = options["function"], options["eps"], options["offset"]
@@ -33,13 +45,14 @@ def _norm_forward(base, options):
         def forward(self, hidden_states):
             if not runs_its_fused_op(self, hidden_states.dtype):
                 return stock(self, hidden_states)
-            return _ops.rms_norm(hidden_states, getattr(self, "weight", None), eps, offset=offset)
+            return _ops.rms_norm(hidden_states, getattr(self, "weight", None), epsilon_for(eps, hidden_states.dtype),
+                                 offset=offset)
     else:
         def forward(self, hidden_states):
             if not runs_its_fused_op(self, hidden_states.dtype):
                 return stock(self, hidden_states)
-            return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None), eps,
-                                   offset=offset)
+            return _ops.layer_norm(hidden_states, getattr(self, "weight", None), getattr(self, "bias", None),
+                                   epsilon_for(eps, hidden_states.dtype), offset=offset)
     return forward
 
 
@@ -51,7 +64,12 @@ def runs_its_fused_op(norm, dtype):
     forward runs: Mamba's last norm takes its float32 residual stream with a 16-bit weight."""
     options = type(norm)._fused_ops_option_values
     now = _epsilon(norm)
-    if not ((now is None or now == options["eps"]) and holds_plain_tensors(norm, "weight", "bias")):
+    if options["eps"] == DTYPE_EPSILON:
+        if getattr(norm, "eps", None) is not None:  # an epsilon set since: the stock forward's to use
+            return False
+    elif not (now is None or now == options["eps"]):
+        return False
+    if not holds_plain_tensors(norm, "weight", "bias"):
         return False
     float32_allowed = options.get(FLOAT32_ON_16_BIT) and dtype in (torch.float16, torch.bfloat16)
     for name in ("weight", "bias"):
@@ -132,6 +150,8 @@ class NormRule(Rule):
         if getattr(module, "weight", None) is None:
             return [(("eps", eps), ("function", function), ("offset", 0.0))
                     for eps in ([eps] if eps is not None else _USUAL_EPSILONS) for function in ("layer_norm", "rms_norm")]
+        if eps is None and "eps" in vars(module) and module.eps is None:
+            eps = DTYPE_EPSILON  # torch.nn.RMSNorm's default: the probe proves what it means
         if eps is None:
             raise LeftAlone("no epsilon attribute (eps, variance_epsilon, epsilon) with a number")
         bias = getattr(module, "bias", None)
@@ -140,6 +160,11 @@ class NormRule(Rule):
         functions = ["layer_norm"] if bias is not None else ["rms_norm", "layer_norm"]
         return [(("eps", eps), ("function", function), ("offset", offset))
                 for function in functions for offset in (0.0, 1.0)]
+
+    def summary(self, options):
+        name = "RMSNorm" if options["function"] == "rms_norm" else "LayerNorm"
+        weight = ", weight offset by one (1 + weight)" if options["offset"] else ""
+        return f"{name} as one fused {options['function']} kernel{weight}"
 
     def proven_options(self, module, options, context):
         """A weighted norm's proven options, and whether the op also computes what its own forward does with

@@ -20,9 +20,9 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ... import _ops
-from ..swap import CallSignature, forward_builder, fused_kind, innermost
+from ..swap import CallSignature, forward_builder, fused_kind, has_hooks, innermost
 from . import LeftAlone, Rule, exporting
-from .norm import runs_its_fused_op
+from .norm import epsilon_for, runs_its_fused_op
 
 # layer: (its children, the norm after the attention, the norm after the first add, the norm after the MLP)
 _LAYERS = {
@@ -44,12 +44,12 @@ _SIGNATURES = {
 }
 
 
-def _norm_op(norm, add):
+def _norm_op(norm, add, dtype):
     """The fused op a fused norm module runs, with the residual add before it or not, and the op's arguments
     after its input(s). They are read here, outside the recomputed region: torch.compile(dynamic=True)
     makes a float read inside one region an input of that region alone, which the next cannot use."""
     options = dict(type(norm)._fused_ops_options)
-    weight, eps, offset = getattr(norm, "weight", None), options["eps"], options["offset"]
+    weight, eps, offset = getattr(norm, "weight", None), epsilon_for(options["eps"], dtype), options["offset"]
     if options["function"] == "rms_norm":
         return (_ops._add_rms_norm if add else _ops._rms_norm), (weight, eps, offset)
     return (_ops._add_layer_norm if add else _ops._layer_norm), (weight, getattr(norm, "bias", None), eps, offset)
@@ -65,13 +65,13 @@ def _add_norm(x, residual, norm, layer):
     if not runs_its_fused_op(norm, x.dtype):
         residual = residual + x
         return norm(residual), residual
-    op, arguments = _norm_op(norm, add=True)
+    op, arguments = _norm_op(norm, add=True, dtype=x.dtype)
     return _recomputed_in_backward(layer, op, x, residual, *arguments)
 
 
 def _plain_fused_norm(module):
     """A norm the norm rule fused, with no hooks: one op, nothing else to run again (where it runs its op)."""
-    return fused_kind(module) == "norm" and not module._forward_hooks and not module._forward_pre_hooks
+    return fused_kind(module) == "norm" and not has_hooks(module)
 
 
 def _recomputed_in_backward(layer, function, *args):
@@ -86,7 +86,7 @@ def _recomputed_in_backward(layer, function, *args):
     return checkpoint(function, *args, use_reentrant=False)
 
 
-@forward_builder("residual_norm")
+@forward_builder("residual_norm", skips=lambda options: ("input_layernorm", _LAYERS[options["layer"]][1]))
 def _decoder_layer_forward(base, options):
     stock = base.forward
     post_attention, add_norm, post_mlp = _LAYERS[options["layer"]]
@@ -101,7 +101,7 @@ def _decoder_layer_forward(base, options):
             return stock(self, hidden_states, **attention_arguments)
         residual = hidden_states
         if _plain_fused_norm(self.input_layernorm) and runs_its_fused_op(self.input_layernorm, hidden_states.dtype):
-            op, arguments = _norm_op(self.input_layernorm, add=False)
+            op, arguments = _norm_op(self.input_layernorm, add=False, dtype=hidden_states.dtype)
             hidden_states = _recomputed_in_backward(self, op, hidden_states, *arguments)
         else:
             hidden_states = self.input_layernorm(hidden_states)
