@@ -8,6 +8,7 @@
 #include "autograd.h"
 #include "autograd_losses.h"
 #include "autograd_norms.h"
+#include "autograd_transforms.h"
 #include "checks.h"
 
 namespace fused_ops {
@@ -233,7 +234,7 @@ class GatedMulLinearFunction : public torch::autograd::Function<GatedMulLinearFu
 // otherwise the fused kernel runs below autograd.
 std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor& grad, const at::Tensor& x,
                                                                const at::Tensor& bias, c10::string_view approximate) {
-  if (records_gradient(grad, x, bias)) {
+  if (records_gradient(grad, x, bias) || under_a_transform(grad, x, bias)) {
     const at::Tensor grad_x = at::gelu_backward(grad, x + bias, approximate);
     std::vector<int64_t> leading(x.dim() - 1);
     std::iota(leading.begin(), leading.end(), 0);
@@ -243,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> bias_gelu_backward_autograd(const at::Tensor&
 }
 
 at::Tensor silu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& x) {
-  if (records_gradient(grad, x)) {
+  if (records_gradient(grad, x) || under_a_transform(grad, x)) {
     const auto halves = x.chunk(2, -1);
     const at::Tensor sigmoid = at::sigmoid(halves[0]);  // aten's silu_backward has no derivative
     const at::Tensor silu_derivative = sigmoid * (1 + halves[0] * (1 - sigmoid));
@@ -255,7 +256,7 @@ at::Tensor silu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
 // Recording a graph (double backward): the same composition above autograd, of differentiable ops.
 ThreeTensors silu_mul_linear_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& weight,
                                                GradientMask output_mask) {
-  if (records_gradient(grad, x, weight)) {
+  if (records_gradient(grad, x, weight) || under_a_transform(grad, x, weight)) {
     check_silu_mul_linear_backward_arguments(grad, x, weight);
     return silu_mul_linear_backward(grad, x, weight, output_mask);
   }
@@ -263,7 +264,7 @@ ThreeTensors silu_mul_linear_backward_autograd(const at::Tensor& grad, const at:
 }
 
 at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& x, c10::string_view approximate) {
-  if (records_gradient(grad, x)) {
+  if (records_gradient(grad, x) || under_a_transform(grad, x)) {
     const auto halves = x.chunk(2, -1);
     return at::cat({at::gelu_backward(grad * halves[1], halves[0], approximate),
                     grad * at::gelu(halves[0], approximate)}, -1);
@@ -273,7 +274,7 @@ at::Tensor gelu_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& 
 
 TwoTensors gated_mul_backward_autograd(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                                        c10::string_view activation) {
-  if (records_gradient(grad, gate, up)) {
+  if (records_gradient(grad, gate, up) || under_a_transform(grad, gate, up)) {
     check_gated_mul_backward_arguments(grad, gate, up);
     return gated_mul_backward_composite(grad, gate, up, parse_gated_activation("gated_mul_backward", activation));
   }
@@ -284,7 +285,7 @@ TwoTensors gated_mul_backward_autograd(const at::Tensor& grad, const at::Tensor&
 FourTensors gated_mul_linear_backward_autograd(const at::Tensor& grad, const at::Tensor& gate, const at::Tensor& up,
                                                const at::Tensor& weight, c10::string_view activation,
                                                GatedLinearMask output_mask) {
-  if (records_gradient(grad, gate, up, weight)) {
+  if (records_gradient(grad, gate, up, weight) || under_a_transform(grad, gate, up, weight)) {
     check_gated_mul_linear_backward_arguments(grad, gate, up, weight);
     parse_gated_activation("gated_mul_linear_backward", activation);
     return gated_mul_linear_backward(grad, gate, up, weight, activation, output_mask);
@@ -346,41 +347,49 @@ struct NotDifferentiable<kOp, Return(Args...)> {
 };
 
 }  // namespace
+
 }  // namespace fused_ops
 
 TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   using namespace fused_ops::lm_head_autograd;
   using namespace fused_ops::norm_autograd;
   using namespace fused_ops;
-  m.impl("relu_add", &AutogradKernel<ReluAddFunction, relu_add_op>::call);
+  m.impl("relu_add", &TransformAware<&AutogradKernel<ReluAddFunction, relu_add_op>::call, &transforms::relu_add>::call);
   m.impl("relu_add_backward", &AutogradKernel<ReluAddBackwardFunction<relu_add_backward_op>, relu_add_backward_op>::call);
   m.impl("relu_add_with_mask", &AutogradKernel<ReluAddWithMaskFunction, relu_add_with_mask_op>::call);
   m.impl("relu_add_backward_masked",
          &AutogradKernel<ReluAddBackwardFunction<relu_add_backward_masked_op>, relu_add_backward_masked_op>::call);
-  m.impl("bias_gelu", &AutogradKernel<BiasGeluFunction, bias_gelu_op>::call);
+  m.impl("bias_gelu", &TransformAware<&AutogradKernel<BiasGeluFunction, bias_gelu_op>::call, &transforms::bias_gelu>::call);
   m.impl("bias_gelu_backward", &bias_gelu_backward_autograd);
-  m.impl("silu_mul", &AutogradKernel<SiluMulFunction, silu_mul_op>::call);
+  m.impl("silu_mul", &TransformAware<&AutogradKernel<SiluMulFunction, silu_mul_op>::call, &transforms::silu_mul>::call);
   m.impl("silu_mul_backward", &silu_mul_backward_autograd);
-  m.impl("silu_mul_linear", &AutogradKernel<SiluMulLinearFunction, silu_mul_linear_op>::call);
+  m.impl("silu_mul_linear",
+         &TransformAware<&AutogradKernel<SiluMulLinearFunction, silu_mul_linear_op>::call, &transforms::silu_mul_linear>::call);
   m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_autograd);
-  m.impl("gelu_mul", &AutogradKernel<GeluMulFunction, gelu_mul_op>::call);
+  m.impl("gelu_mul", &TransformAware<&AutogradKernel<GeluMulFunction, gelu_mul_op>::call, &transforms::gelu_mul>::call);
   m.impl("gelu_mul_backward", &gelu_mul_backward_autograd);
-  m.impl("gated_mul", &AutogradKernel<GatedMulFunction, gated_mul_op>::call);
+  m.impl("gated_mul", &TransformAware<&AutogradKernel<GatedMulFunction, gated_mul_op>::call, &transforms::gated_mul>::call);
   m.impl("gated_mul_backward", &gated_mul_backward_autograd);
-  m.impl("gated_mul_linear", &AutogradKernel<GatedMulLinearFunction, gated_mul_linear_op>::call);
+  m.impl("gated_mul_linear", &TransformAware<&AutogradKernel<GatedMulLinearFunction, gated_mul_linear_op>::call,
+                                             &transforms::gated_mul_linear>::call);
   m.impl("gated_mul_linear_backward", &gated_mul_linear_backward_autograd);
-  m.impl("rms_norm", &AutogradKernel<RmsNormFunction, rms_norm_op>::call);
-  m.impl("add_rms_norm", &AutogradKernel<AddRmsNormFunction, add_rms_norm_op>::call);
+  m.impl("rms_norm", &TransformAware<&AutogradKernel<RmsNormFunction, rms_norm_op>::call, &transforms::rms_norm>::call);
+  m.impl("add_rms_norm",
+         &TransformAware<&AutogradKernel<AddRmsNormFunction, add_rms_norm_op>::call, &transforms::add_rms_norm>::call);
   m.impl("rms_norm_backward", &rms_norm_backward_autograd);
-  m.impl("layer_norm", &AutogradKernel<LayerNormFunction, layer_norm_op>::call);
-  m.impl("add_layer_norm", &AutogradKernel<AddLayerNormFunction, add_layer_norm_op>::call);
+  m.impl("layer_norm", &TransformAware<&AutogradKernel<LayerNormFunction, layer_norm_op>::call, &transforms::layer_norm>::call);
+  m.impl("add_layer_norm", &TransformAware<&AutogradKernel<AddLayerNormFunction, add_layer_norm_op>::call,
+                                           &transforms::add_layer_norm>::call);
   m.impl("layer_norm_backward", &layer_norm_backward_autograd);
-  m.impl("rotary_embedding", &rotary_autograd<rotary_embedding_op, rotary_embedding_backward_op>);
+  m.impl("rotary_embedding", &TransformAware<&rotary_autograd<rotary_embedding_op, rotary_embedding_backward_op>,
+                                             &transforms::rotary_embedding>::call);
   m.impl("rotary_embedding_backward", &rotary_autograd<rotary_embedding_backward_op, rotary_embedding_op>);
-  m.impl("linear_cross_entropy", &AutogradKernel<LinearCrossEntropyFunction, linear_cross_entropy_op>::call);
+  m.impl("linear_cross_entropy", &TransformAware<&AutogradKernel<LinearCrossEntropyFunction, linear_cross_entropy_op>::call,
+                                                 &transforms::linear_cross_entropy>::call);
   m.impl("linear_cross_entropy_with_gradients",
          &NotDifferentiable<linear_cross_entropy_with_gradients_op>::call);
   m.impl("linear_cross_entropy_backward", &NotDifferentiable<linear_cross_entropy_backward_op>::call);
-  m.impl("linear_log_probs", &AutogradKernel<LinearLogProbsFunction, linear_log_probs_op>::call);
+  m.impl("linear_log_probs", &TransformAware<&AutogradKernel<LinearLogProbsFunction, linear_log_probs_op>::call,
+                                             &transforms::linear_log_probs>::call);
   m.impl("linear_log_probs_backward", &NotDifferentiable<linear_log_probs_backward_op>::call);
 }

@@ -2,6 +2,7 @@
 // What every op's autograd registration uses: a typed handle to a registered op, the test for whether
 // a call records a graph node, and the Autograd kernel built from a torch::autograd::Function.
 #include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -33,13 +34,34 @@ bool has_forward_gradient(const Option&) {
   return false;
 }
 
+// The forward ops run as ATen compositions there (autograd_transforms.h); the gradient ops, which have no
+// composition, say so.
 template <typename... Arguments>
 void check_no_forward_gradient(const char* op, const Arguments&... arguments) {
   TORCH_CHECK(!(has_forward_gradient(arguments) || ...), op,
               ": forward-mode AD (torch.func.jvp, torch.func.jacfwd, torch.autograd.forward_ad) is not supported "
-              "by this op; use reverse mode (torch.func.vjp, torch.func.jacrev, torch.autograd.grad), or the stock "
-              "PyTorch computation (a model fused by fused_ops.fuse() runs its stock forward under torch.func "
-              "transforms and forward-mode AD)");
+              "by this gradient op; differentiate its forward op instead, which runs as a composition of ATen ops "
+              "under forward-mode AD and torch.func transforms");
+}
+
+// Whether a torch.func transform is active on this thread: functorch includes its dynamic-layer keys in the
+// thread's dispatch keys while its layer stack is not empty.
+inline bool functorch_transform_active() {
+  return c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerFrontMode) ||
+         c10::impl::tls_is_dispatch_key_included(c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
+
+// Under a torch.func transform or forward-mode AD, where a C++ autograd node cannot take part.
+template <typename... Arguments>
+bool under_a_transform(const Arguments&... arguments) {
+  return functorch_transform_active() || (has_forward_gradient(arguments) || ...);
+}
+
+// A C++ autograd node cannot record under a torch.func transform (grad, vjp, vmap of grad).
+inline void check_no_functorch_transform(const char* op) {
+  TORCH_CHECK(!functorch_transform_active(), op,
+              ": torch.func transforms (grad, vjp, jvp, vmap) are not supported by this gradient op; transform its "
+              "forward op instead, which runs as a composition of ATen ops there");
 }
 
 template <typename Return, typename... Args>
@@ -104,6 +126,7 @@ struct AutogradKernel<Function, kOp, Return(Args...)> {
   static Return call(Args... args) {
     check_no_forward_gradient(kOp.name(), args...);
     if (!records_gradient(args...)) return kOp.below_autograd(args...);
+    check_no_functorch_transform(kOp.name());
     if constexpr (std::is_same_v<Return, at::Tensor>) {
       return Function::apply(args...);
     } else {  // a Function of several outputs returns them as a list

@@ -161,7 +161,7 @@ inline ThreeTensors norm_backward_composite(NormKind kind, const at::Tensor& gra
 
 inline TwoTensors rms_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x, const OptionalTensor& weight,
                                              double eps, const OptionalTensor& grad_residual, double offset) {
-  if (records_gradient(grad, x, weight, grad_residual)) {
+  if (records_gradient(grad, x, weight, grad_residual) || under_a_transform(grad, x, weight, grad_residual)) {
     check_norm_backward_arguments("rms_norm_backward", grad, x, weight, grad_residual, eps, offset);
     auto [grad_x, grad_weight, grad_bias] =
         norm_backward_composite(NormKind::RMS, grad, x, weight, eps, grad_residual, offset);
@@ -173,7 +173,7 @@ inline TwoTensors rms_norm_backward_autograd(const at::Tensor& grad, const at::T
 inline ThreeTensors layer_norm_backward_autograd(const at::Tensor& grad, const at::Tensor& x,
                                                  const OptionalTensor& weight, double eps,
                                                  const OptionalTensor& grad_residual, double offset) {
-  if (records_gradient(grad, x, weight, grad_residual)) {
+  if (records_gradient(grad, x, weight, grad_residual) || under_a_transform(grad, x, weight, grad_residual)) {
     check_norm_backward_arguments("layer_norm_backward", grad, x, weight, grad_residual, eps, offset);
     return norm_backward_composite(NormKind::Layer, grad, x, weight, eps, grad_residual, offset);
   }

@@ -101,6 +101,7 @@ def test_every_op_on_dtensors_of_two_processes(run_check, device):
     run_check(2, device, "ops_on_dtensors", (2,), ROW_OPS)
 
 
+@pytest.mark.slow  # the two-process mesh of the test above runs every op by default
 @pytest.mark.parametrize("device", devices(4))
 def test_every_op_on_dtensors_of_a_two_by_two_mesh(run_check, device):
     run_check(4, device, "ops_on_dtensors", (2, 2), ROW_OPS)

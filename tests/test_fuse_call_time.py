@@ -187,14 +187,67 @@ def test_torch_func_transforms_through_a_fused_model_match_stock():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_forward_mode_ad_through_an_op_is_an_error_that_names_it():
-    x, weight = torch.randn(3, 8, dtype=torch.float64), torch.rand(8, dtype=torch.float64)
-    with pytest.raises(RuntimeError, match=r"fused::rms_norm: forward-mode AD .* fused_ops.fuse\(\)"):
-        torch.func.jvp(lambda t: torch.ops.fused.rms_norm(t, weight), (x,), (torch.ones_like(x),))
-    with pytest.raises(RuntimeError, match=r"fused::gated_mul: forward-mode AD"):
-        with torch.autograd.forward_ad.dual_level():
-            dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
-            torch.ops.fused.gated_mul(dual, x, "silu")
+def _op_cases():
+    from op_specs import OPS
+    return [(spec, label, options) for spec in OPS for label, options in spec.variants()]
+
+
+@pytest.mark.parametrize("spec, label, options", _op_cases(), ids=[label for _, label, _ in _op_cases()])
+def test_torch_func_transforms_through_each_op_match_its_reference(spec, label, options):
+    """jvp (and forward-mode AD), vjp, grad, vmap and vmap of grad (per-sample gradients) through the op
+    give what they give through the eager composite it replaces, in float64."""
+    from test_reliability import random_inputs
+    from op_specs import as_outputs
+    options = {name: (sum(value) / 2 if isinstance(value, tuple) else value) for name, value in options.items()}
+    options.update({name: sum(values) / 2 for name, values in spec.options.items() if isinstance(values, tuple)})
+    inputs = random_inputs(spec, [3, 4, 6], torch.float64, "cpu", torch.Generator().manual_seed(0))
+    moving = [i for i, t in enumerate(inputs) if t.is_floating_point() and spec.takes_grad(i)]
+
+    def as_function(implementation):
+        def function(*tensors):
+            arguments = list(inputs)
+            for index, tensor in zip(moving, tensors):
+                arguments[index] = tensor
+            return as_outputs(implementation(*arguments, **options))
+        return function
+    fused, reference = as_function(spec.fused), as_function(spec.reference)
+    primals = tuple(inputs[i] for i in moving)
+    generator = torch.Generator().manual_seed(1)
+    tangents = tuple(torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in primals)
+    for name, transform in {
+            "jvp": lambda f: torch.func.jvp(f, primals, tangents),
+            "vjp": lambda f: (lambda out, pull: (out, pull(tuple(torch.ones_like(o) for o in out))))(
+                *torch.func.vjp(f, *primals)),
+            "grad": lambda f: torch.func.grad(lambda *t: sum(o.sum() for o in f(*t)), argnums=tuple(
+                range(len(primals))))(*primals),
+            "vmap": lambda f: torch.func.vmap(lambda p: f(p, *primals[1:]))(torch.stack([primals[0]] * 2) * 1.5),
+            "vmap of grad": lambda f: torch.func.vmap(torch.func.grad(lambda p: sum(o.sum() for o in f(p, *primals[1:]))))(
+                torch.stack([primals[0], primals[0] * 0.5])),
+    }.items():
+        torch.testing.assert_close(transform(fused), transform(reference), rtol=1e-7, atol=1e-9, msg=name)
+    with torch.autograd.forward_ad.dual_level():
+        duals = [torch.autograd.forward_ad.make_dual(p, t) for p, t in zip(primals, tangents)]
+        got = [torch.autograd.forward_ad.unpack_dual(o).tangent for o in fused(*duals)]
+    want = torch.func.jvp(reference, primals, tangents)[1]
+    torch.testing.assert_close(tuple(got), tuple(want), rtol=1e-7, atol=1e-9)
+
+
+def test_gradient_ops_under_a_transform_are_right_or_an_error_that_names_them():
+    """A gradient op with a differentiable composition (the norms', the activations') runs it under a transform;
+    relu_add's, whose node saves a bit mask, says so and names itself."""
+    generator = torch.Generator().manual_seed(0)
+    x, grad, tangent = (torch.randn(3, 8, dtype=torch.float64, generator=generator) for _ in range(3))
+    weight = torch.rand(8, dtype=torch.float64, generator=generator)
+
+    def backward(g):  # linear in the incoming gradient: its jvp along a tangent is its value at the tangent
+        return torch.ops.fused.rms_norm_backward(g, x, weight, 1e-6)[0]
+    torch.testing.assert_close(torch.func.jvp(backward, (grad,), (tangent,))[1], backward(tangent))
+    torch.testing.assert_close(torch.func.grad(lambda g: (backward(g) * tangent).sum())(grad),
+                               torch.func.vjp(backward, grad)[1](tangent)[0])
+    with pytest.raises(RuntimeError, match=r"fused::relu_add_backward: forward-mode AD"):
+        torch.func.jvp(lambda g: torch.ops.fused.relu_add_backward(g, x), (grad,), (tangent,))
+    with pytest.raises(RuntimeError, match=r"fused::relu_add_backward: torch.func transforms"):
+        torch.func.grad(lambda g: torch.ops.fused.relu_add_backward(g, x).sum())(grad)
 
 
 def _build(model_type, **config_changes):

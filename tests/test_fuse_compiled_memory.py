@@ -122,7 +122,7 @@ def test_gradient_checkpointing_and_export_keep_the_plain_call():
         torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", "phi3"])
+@pytest.mark.parametrize("model_type", ["llama", "gemma3_text", pytest.param("phi3", marks=pytest.mark.slow)])
 def test_dynamic_shapes_compile_with_the_regions_and_match_the_stock_model(model_type):
     """torch.compile(dynamic=True): every size and float symbolic, three sequence lengths through one graph;
     the regions trace (their floats are read outside them) and give the stock eager loss and gradients."""

@@ -120,6 +120,7 @@ def mutate(data, rng):
     return bytes(data)
 
 
+@pytest.mark.slow  # the hand-made hostile files above run by default
 def test_mutated_files_never_crash_or_hang(valid, tmp_path):
     """FUZZ_CASES mutated copies of the model or the inputs, seeded: each run ends with exit code 0 or a
     one-line error and 1, within a minute."""

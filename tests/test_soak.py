@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -17,6 +19,7 @@ def run_soak(*arguments):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # test_seconds_end_the_calls_early runs the soak by default
 def test_short_soak_on_the_cpu():
     summary = run_soak("--calls", "1200", "--check-every", "5")
     assert summary["calls"] == 1200 and summary["checks"] == 240 and summary["wrong"] == 0
@@ -24,6 +27,7 @@ def test_short_soak_on_the_cpu():
     assert summary["second_half_growth_bytes"] <= 64 * 2**20
 
 
+@pytest.mark.slow
 def test_soak_in_two_processes_sums_their_runs():
     summary = run_soak("--calls", "301", "--check-every", "10", "--processes", "2")
     # 151 and 150 calls, each checked at calls 0, 10, ...: 16 + 15 checks.

@@ -79,9 +79,10 @@ class _Context:
 
 
 def _prove(rule, module, context, errors):
-    """The options of the first variant proven for `module`, or raises LeftAlone with every reason; a probe
-    that fails with an error (not a mismatch) adds its message to `errors`, which fuse() warns of."""
-    reasons = []
+    """The options of the first variant proven for `module`, or raises LeftAlone with every reason. Where every
+    variant's probe failed with an error (not a mismatch: a bad FUSED_OPS_* setting, an exception inside the
+    module), their messages go to `errors`, which fuse() warns of."""
+    reasons, failures = [], []
     for options in rule.variants(module, context):
         fused_cls = rule.fused_class(module, options)
         try:
@@ -95,10 +96,13 @@ def _prove(rule, module, context, errors):
             raise
         except probe.Mismatch as mismatch:
             reasons.append((options, str(mismatch)))
-        except Exception as error:  # the probe of a module that is not what the rule replaces
+        except Exception as error:  # the probe of a module that is not what the rule replaces, or a failure
             message = f"the probe failed: {type(error).__name__}: {error}"
-            errors.setdefault(message, []).append(type(module).__name__)
+            failures.append(message)
             reasons.append((options, message))
+    if failures and len(failures) == len(reasons):
+        for message in dict.fromkeys(failures):
+            errors.setdefault(message, []).append(type(module).__name__)
     detail = "not proven: " + "; ".join(f"{_describe(options)}: {message}" for options, message in reasons)
     raise LeftAlone(detail, "not proven: " + "; ".join(dict.fromkeys(message for _, message in reasons)))
 
