@@ -62,7 +62,7 @@ def main():
         cells = [f"{swapped[kind]}/{found[kind]}" if found[kind] else "" for kind in KINDS]
         rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
         for entry in report.left_alone:
-            left_alone[(entry.kind, entry.module_class, entry.detail)].add(model_type)
+            left_alone[(entry.kind, entry.module_class, entry.summary or entry.detail)].add(model_type)
         print(model_type, dict(swapped), flush=True)
     lines = [HEADER.format(version=transformers.__version__),
              "| family | " + " | ".join(KINDS) + " |", "|" + " --- |" * (len(KINDS) + 1), *rows, "",
