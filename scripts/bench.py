@@ -481,7 +481,7 @@ def main():
     parser.add_argument("--cpu", action="store_true", help="benchmark the CPU even when a GPU is present")
     parser.add_argument("--out", default="bench_out", help="folder for bench.json and bench.png")
     parser.add_argument("--csv", default=None, help="CSV to append the rows to (default OUT/results.csv)")
-    parser.add_argument("--headline", action="store_true", help="only the shapes of the README table")
+    parser.add_argument("--headline", action="store_true", help="only the headline shapes (docs/ops.md's performance table)")
     parser.add_argument("--norm-shapes", nargs="+", default=None, metavar="ROWSxH",
                         type=lambda text: tuple(int(part) for part in text.split("x")),
                         help="the norms' shapes instead of the defaults, e.g. 262144x128 16384x2048")

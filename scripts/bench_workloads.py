@@ -62,7 +62,7 @@ DEFAULT_OPS = ["relu_add", *DEFAULT_ACTIVATIONS, "gated_mul", *NORMS, "rotary_em
 # queries (Qwen3, OLMo 2, Gemma 3: 16 heads of 128 over 8 x 2048 tokens).
 NORM_SHAPES_CUDA = [(1, 8192), (16, 8192), (16384, 8192), (4096, 4096), (4096, 16384), (1024, 65536), (262144, 128)]
 NORM_SHAPES_CPU = [(1, 1024), (16, 1024), (256, 1024)]
-# --headline: the shapes of the README table, few enough to time before and after a change in one run.
+# --headline: the headline shapes (docs/ops.md's performance table), few enough to time before and after a change in one run.
 HEADLINE_RELU_ADD = [(torch.float32, 1 << 28), (torch.bfloat16, 1 << 27), (torch.float32, 1 << 12)]
 HEADLINE_ACTIVATION_ROWS = (16, 16384)
 HEADLINE_NORM_SHAPES = [(16, 8192), (16384, 8192)]

@@ -122,3 +122,15 @@ def test_the_build_stamp_matches_the_running_torch():
         built, cuda = file.read().split()
     assert built == torch.__version__.split("+")[0]
     assert (cuda in ("ON", "TRUE", "1")) == fused_ops.cuda_kernels_compiled()
+
+
+def test_the_version_agrees_everywhere():
+    """The package's __version__, its installed metadata, pyproject.toml, CMake's project and the newest
+    release in CHANGELOG.md name one version."""
+    import importlib.metadata
+    import re
+    root = os.path.join(os.path.dirname(__file__), "..")
+    pyproject = re.search(r'^version = "([^"]+)"', open(os.path.join(root, "pyproject.toml")).read(), re.M).group(1)
+    cmake = re.search(r"project\(fused_ops VERSION (\S+)", open(os.path.join(root, "CMakeLists.txt")).read()).group(1)
+    released = re.search(r"^## (\d+\.\d+\.\d+) - ", open(os.path.join(root, "CHANGELOG.md")).read(), re.M).group(1)
+    assert fused_ops.__version__ == importlib.metadata.version("fused_ops") == pyproject == cmake == released

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _PACKAGE_DIR = os.path.dirname(os.path.realpath(__file__))
 
