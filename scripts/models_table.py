@@ -69,10 +69,12 @@ def main():
              "## Left alone, and why", "", "| kind | module | families | reason |", "| --- | --- | --- | --- |"]
     for (kind, module_class, detail), families in sorted(left_alone.items()):
         detail = detail.replace("|", "\\|").replace("\n", " ")
-        lines.append(f"| {kind} | {module_class} | {', '.join(sorted(families))} | {detail[:300]} |")
+        row = f"| {kind} | {module_class} | {', '.join(sorted(families))} | "
+        room = max(80, 198 - len(row))  # a table line of about 200 characters, the reason cut to fit
+        lines.append(row + (detail if len(detail) <= room else detail[:room - 1] + "…") + " |")
     lines += ["", "## Families whose tiny model does not build or run", "",
               "| family | error |", "| --- | --- |"]
-    lines += [f"| {model_type} | {reason.replace('|', '/')[:160]} |" for model_type, reason in not_built]
+    lines += [f"| {model_type} | {reason.replace('|', '/')[:180 - len(model_type)]} |" for model_type, reason in not_built]
     with open(arguments.out, "w") as out:
         out.write("\n".join(lines) + "\n")
     print(f"{len(rows)} families fused or checked, {len(not_built)} not built; wrote {arguments.out}")
