@@ -25,6 +25,7 @@ import torch
 from torch.func import functional_call
 
 from . import swap as swapping
+from .state import state_kept, values_kept
 
 PROBE_SEED = 20261204
 _PROBE_RTOL = 2e-5
@@ -214,18 +215,16 @@ def forget_random_parameters():
     _random_parameters.clear()
 
 
-class _FusedOpsSeen:
-    """A dispatch mode that lists the torch.ops.fused ops a forward calls."""
+def _fused_ops_seen(seen):
+    """A dispatch mode that appends to `seen` each torch.ops.fused op a forward calls."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    def __new__(cls, seen):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        class Watch(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func.namespace == "fused":
-                    seen.append(func)
-                return func(*args, **(kwargs or {}))
-        return Watch()
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.namespace == "fused":
+                seen.append(func)
+            return func(*args, **(kwargs or {}))
+    return Watch()
 
 
 def _run(module, cls, state, inputs, dtype, device, training, select, grads: bool, fused_ops_seen=None):
@@ -243,8 +242,8 @@ def _run(module, cls, state, inputs, dtype, device, training, select, grads: boo
         else:
             grad_target = None
         args = tuple(args)
-    watching = _FusedOpsSeen(fused_ops_seen) if fused_ops_seen is not None else contextlib.nullcontext()
-    with as_class(module, cls), _modes(module, training), _values_kept(module), torch.random.fork_rng(devices=[]):
+    watching = _fused_ops_seen(fused_ops_seen) if fused_ops_seen is not None else contextlib.nullcontext()
+    with as_class(module, cls), _modes(module, training), values_kept(module), torch.random.fork_rng(devices=[]):
         torch.manual_seed(PROBE_SEED)
         with torch.enable_grad() if grads else torch.no_grad(), watching:
             output = select(functional_call(module, state, args, kwargs, strict=False))
@@ -504,99 +503,12 @@ def runs_a_fused_op(module, fused_cls, inputs: Inputs) -> bool:
     """Whether `fused_cls`'s forward calls a torch.ops.fused op on `inputs` (in the module's own dtype): a
     forward whose replaced function it does not call (another one of the module's code, picked by its
     config) proves equal without fusing anything."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     seen = []
-
-    class Watch(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.namespace == "fused":
-                seen.append(func)
-            return func(*args, **(kwargs or {}))
     parameter = next(module.parameters(), None)
     dtype = parameter.dtype if parameter is not None else torch.float32
     device = parameter.device if parameter is not None else torch.device("cpu")
-    with Watch():
-        _run(module, fused_cls, {}, inputs, dtype, device, False, lambda output: output, False)
+    _run(module, fused_cls, {}, inputs, dtype, device, False, lambda output: output, False, seen)
     return bool(seen)
-
-
-@contextlib.contextmanager
-def _state_kept(model):
-    """Puts back what a forward changes in the modules' own state (attributes, submodules, buffers) and
-    in their configs, and what _values_kept puts back: a model that picks its attention by the sequence
-    length it is called with (BigBird's block-sparse attention falls back to full attention for short
-    ones, for good) must not keep the probe forward's choice."""
-    modules = list(model.modules())
-    saved = [(module, dict(vars(module)), dict(module._modules), dict(module._buffers)) for module in modules]
-    configs = {id(config): (config, dict(vars(config))) for config in (getattr(m, "config", None) for m in modules)
-               if config is not None and hasattr(config, "__dict__")}
-    try:
-        with _values_kept(model):
-            yield
-    finally:
-        for module, attributes, children, buffers in saved:
-            _put_back(module, attributes, lambda name: name.startswith("_"))
-            module._modules.clear()
-            module._modules.update(children)
-            module._buffers.clear()
-            module._buffers.update(buffers)
-        for config, attributes in configs.values():
-            _put_back(config, attributes, lambda name: False)
-
-
-@contextlib.contextmanager
-def _values_kept(module):
-    """Puts back what a call of `module` changes in its buffers' values and in its parameters (the tensor
-    a parameter holds, its attributes and the objects they hold): an observer must not keep the probe's
-    statistics, and a quantised layer that repacks its weight on its first eval call (bitsandbytes'
-    4-bit layer on the CPU, after which no gradient flows through it) must not be repacked by a probe."""
-    buffer_values = [(buffer, buffer.clone()) for buffer in {id(b): b for b in module.buffers()}.values()
-                     if buffer.device.type != "meta"]
-    parameters = [(parameter, parameter.data, dict(vars(parameter)), _held_objects(parameter))
-                  for parameter in {id(p): p for p in module.parameters()}.values()]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for buffer, values in buffer_values:
-                if buffer.shape == values.shape and not torch.equal(buffer, values):
-                    buffer.copy_(values)
-        for parameter, data, attributes, held in parameters:
-            if _holds_other_values(parameter, data):
-                parameter.data = data
-            _put_back(parameter, attributes, lambda name: False)
-            for owner, owner_attributes in held:
-                _put_back(owner, owner_attributes, lambda name: False)
-
-
-def _held_objects(parameter):
-    """(object, its attributes) of each plain Python object a parameter holds as an attribute."""
-    return [(value, dict(vars(value))) for value in vars(parameter).values()
-            if hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, torch.nn.Module))]
-
-
-def _holds_other_values(parameter, data):
-    """Whether `parameter.data` is no longer the tensor `data` (its storage, shape or dtype changed)."""
-    now = parameter.data
-    if type(now) is not type(data) or now.shape != data.shape or now.dtype != data.dtype:
-        return True
-    try:
-        return now.data_ptr() != data.data_ptr()
-    except RuntimeError:  # a tensor subclass without storage of its own
-        return False
-
-
-def _put_back(owner, attributes, kept):
-    """Sets `owner`'s attributes back to `attributes`, except the names `kept(name)` leaves as they are."""
-    for name in [name for name in vars(owner) if name not in attributes and not kept(name)]:
-        delattr(owner, name)
-    for name, value in attributes.items():
-        if not kept(name) and vars(owner).get(name, _MISSING) is not value:
-            object.__setattr__(owner, name, value)
-
-
-_MISSING = object()
 
 
 def capture_calls(model, modules, probe):
@@ -612,7 +524,7 @@ def capture_calls(model, modules, probe):
     for module in modules:
         handles.append(module.register_forward_hook(recorder(module), with_kwargs=True))
     try:
-        with _modes(model, False), torch.no_grad(), _state_kept(model):
+        with _modes(model, False), torch.no_grad(), state_kept(model):
             probe()
     finally:
         for handle in handles:

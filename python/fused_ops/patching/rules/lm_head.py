@@ -47,11 +47,6 @@ def _returns_a_tuple(module, args, kwargs):
     return not return_dict
 
 
-# The keyword arguments the causal LM's loss reads (transformers' ForCausalLMLoss); the fused loss honours
-# each of them.
-LOSS_KEYWORDS = ("ignore_index", "num_items_in_batch", "shift_labels")
-
-
 @forward_builder("lm_head_loss", skips=lambda options: ("lm_head",), needs_stock=_returns_a_tuple)
 def _causal_lm_forward(base, options):
     stock, output_class = base.forward, options["output_class"]
