@@ -26,10 +26,11 @@ inline const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
 inline const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&, int64_t, double,
                            StringOption, double, GradientMask)>
     linear_cross_entropy_backward_op{"fused::linear_cross_entropy_backward"};
-inline const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool)>
+inline const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool, double,
+                                 double)>
     linear_log_probs_op{"fused::linear_log_probs"};
 inline const FusedOp<ThreeTensors(const OptionalTensor&, const OptionalTensor&, TensorRef, TensorRef, TensorRef,
-                           const OptionalTensor&, double, int64_t, GradientMask)>
+                           const OptionalTensor&, double, int64_t, GradientMask, double, double)>
     linear_log_probs_backward_op{"fused::linear_log_probs_backward"};
 
 
@@ -113,14 +114,16 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& input, const at::Tensor& weight,
                                const at::Tensor& target, const OptionalTensor& bias, double temperature,
-                               int64_t ignore_index, bool return_entropy) {
+                               int64_t ignore_index, bool return_entropy, double logit_scale, double softcap) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     const GradientMask mask = {input.requires_grad(), weight.requires_grad(), requires_grad(bias)};
     ctx->saved_data["options"] = c10::IValue(std::make_tuple(temperature, ignore_index, return_entropy));
+    ctx->saved_data["head"] = c10::IValue(std::make_tuple(logit_scale, softcap));
     ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));
     ctx->save_for_backward({input, weight, target, bias.has_value() ? *bias : at::Tensor()});
     ctx->set_materialize_grads(false);
-    auto [log_probs, entropy] = linear_log_probs_op(input, weight, target, bias, temperature, ignore_index, return_entropy);
+    auto [log_probs, entropy] = linear_log_probs_op(input, weight, target, bias, temperature, ignore_index,
+                                                    return_entropy, logit_scale, softcap);
     if (!return_entropy) ctx->mark_non_differentiable({entropy});
     return {log_probs, entropy};
   }
@@ -130,6 +133,7 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
                 "not supported: the op's gradients are not differentiable");
     const auto [temperature, ignore_index, return_entropy] =
         ctx->saved_data["options"].to<std::tuple<double, int64_t, bool>>();
+    const auto [logit_scale, softcap] = ctx->saved_data["head"].to<std::tuple<double, double>>();
     const c10::List<bool> mask_list = ctx->saved_data["mask"].toBoolList();
     const GradientMask mask = {mask_list[0], mask_list[1], mask_list[2]};
     const OptionalTensor grad_log_probs = grad_outputs[0].defined() ? OptionalTensor(grad_outputs[0]) : std::nullopt;
@@ -138,9 +142,10 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
     const variable_list saved = ctx->get_saved_variables();
     const OptionalTensor bias = saved[3].defined() ? OptionalTensor(saved[3]) : std::nullopt;
     auto [grad_input, grad_weight, grad_bias] = linear_log_probs_backward_op(
-        grad_log_probs, grad_entropy, saved[0], saved[1], saved[2], bias, temperature, ignore_index, mask);
+        grad_log_probs, grad_entropy, saved[0], saved[1], saved[2], bias, temperature, ignore_index, mask, logit_scale,
+        softcap);
     return {mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor(),
-            mask[2] ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            mask[2] ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 

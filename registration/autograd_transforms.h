@@ -114,10 +114,11 @@ inline at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor
 
 inline TwoTensors linear_log_probs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                    const OptionalTensor& bias, double temperature, int64_t ignore_index,
-                                   bool return_entropy) {
+                                   bool return_entropy, double logit_scale, double softcap) {
   check_linear_log_probs_arguments("linear_log_probs", input, weight, target, bias, temperature, ignore_index,
-                                   return_entropy);
-  return composite::linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy);
+                                   return_entropy, logit_scale, softcap);
+  return composite::linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy,
+                                     logit_scale, softcap);
 }
 
 }  // namespace transforms

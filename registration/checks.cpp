@@ -376,14 +376,21 @@ void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at:
 
 LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tensor& input, const at::Tensor& weight,
                                                  const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                                                 double temperature, int64_t ignore_index, bool return_entropy) {
+                                                 double temperature, int64_t ignore_index, bool return_entropy,
+                                                 double logit_scale, double softcap) {
   check_linear_head_arguments(op, input, weight, target, bias);
   TORCH_CHECK(temperature > 0.0 && std::isfinite(temperature), "fused::", op,
               ": expected temperature > 0 and finite, but got ", temperature);
+  TORCH_CHECK(logit_scale != 0.0 && std::isfinite(logit_scale), "fused::", op,
+              ": expected logit_scale finite and not 0, but got ", logit_scale);
+  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap), "fused::", op,
+              ": expected softcap >= 0 (0: no cap) and finite, but got ", softcap);
   LogProbsOptions options;
   options.temperature = temperature;
   options.ignore_index = ignore_index;
   options.return_entropy = return_entropy;
+  options.logit_scale = logit_scale;
+  options.softcap = softcap;
   return options;
 }
 

@@ -88,10 +88,12 @@ void check_linear_cross_entropy_grad_loss(const at::Tensor& grad_loss, const at:
                                           const at::Tensor& target, const CrossEntropyOptions& options);
 
 // linear_log_probs and its backward: input, weight, target and bias as for linear_cross_entropy;
-// temperature > 0 and finite. Returns the options. Target values are checked by the kernels.
+// temperature > 0, logit_scale not 0 and softcap >= 0, all finite. Returns the options. Target values
+// are checked by the kernels.
 LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tensor& input, const at::Tensor& weight,
                                                  const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                                                 double temperature, int64_t ignore_index, bool return_entropy);
+                                                 double temperature, int64_t ignore_index, bool return_entropy,
+                                                 double logit_scale, double softcap);
 // grad_log_probs and grad_entropy (each may be absent): floating, on input's device, of target's shape.
 void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
                                       const std::optional<at::Tensor>& grad_entropy, const at::Tensor& input,

@@ -101,16 +101,18 @@ TORCH_LIBRARY(fused, m) {
         "int ignore_index, float label_smoothing, str reduction, float softcap, bool[3] output_mask) -> "
         "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         tags);
-  // Per row of input [..., H] with z = (input @ weight.T + bias) / temperature: log_softmax(z)[target]
-  // and, with return_entropy, -sum(softmax(z) * log_softmax(z)) (else an empty [0] tensor), float32
-  // (float64 for float64 input) of target's shape, 0 on ignored rows; no [N, V] logits in memory.
+  // Per row of input [..., H] with y = (input @ weight.T + bias) * logit_scale, c = softcap * tanh(y /
+  // softcap) (c = y for softcap 0) and z = c / temperature: log_softmax(z)[target] and, with
+  // return_entropy, -sum(softmax(z) * log_softmax(z)) (else an empty [0] tensor), float32 (float64 for
+  // float64 input) of target's shape, 0 on ignored rows; no [N, V] logits in memory.
   m.def("linear_log_probs(Tensor input, Tensor weight, Tensor target, Tensor? bias=None, float temperature=1.0, "
-        "int ignore_index=-100, bool return_entropy=False) -> (Tensor log_probs, Tensor entropy)",
+        "int ignore_index=-100, bool return_entropy=False, float logit_scale=1.0, float softcap=0.0) -> "
+        "(Tensor log_probs, Tensor entropy)",
         tags);
   // The gradients where output_mask says (input, weight, bias) for the gradients of the log-probabilities
   // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk; the others empty.
   m.def("linear_log_probs_backward(Tensor? grad_log_probs, Tensor? grad_entropy, Tensor input, Tensor weight, "
-        "Tensor target, Tensor? bias, float temperature, int ignore_index, bool[3] output_mask) -> "
-        "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        "Tensor target, Tensor? bias, float temperature, int ignore_index, bool[3] output_mask, "
+        "float logit_scale=1.0, float softcap=0.0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         tags);
 }

@@ -446,3 +446,46 @@ def fused_hugging_face_model_compiled_under_ddp(device):
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=1)
     _steps_match_one_process(reference, model, torch.compile(ddp, backend=backend), lambda gradient: gradient)
     assert len(regions) > 1 and sum(regions) == 4, regions  # split; two regions in each of the two layers
+
+
+def token_log_probs_under_fsdp2(device, wrapper):
+    """fused_ops.token_log_probs of a tiny fused Llama under FSDP2 (`wrapper` "fsdp2": fully_shard per
+    layer and at the root) or DDP ("ddp"), over the processes' halves of a batch: the weighted loss of
+    the log-probabilities and entropy and every gradient match the stock logits' on the whole batch in
+    one process."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import fused_ops.rl
+
+    reference, model = _tiny_llama_and_fused(device, 64)
+    if wrapper == "fsdp2":
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        call, full_gradient = model, lambda gradient: gradient.full_tensor()
+    else:
+        call, full_gradient = torch.nn.parallel.DistributedDataParallel(model), lambda gradient: gradient
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 101, (4, 12), generator=generator).to(device)
+    mask = torch.ones_like(tokens)
+    mask[1, :4] = 0
+    weights = torch.randn(4, 11, generator=generator).to(device)
+    logits = reference(input_ids=tokens, attention_mask=mask).logits[:, :-1] / 0.7
+    log_p = torch.log_softmax(logits.float(), -1)
+    expected = log_p.gather(-1, tokens[:, 1:, None]).squeeze(-1) * mask[:, 1:]
+    entropy = -(log_p.exp() * log_p).sum(-1) * mask[:, 1:]
+    ((weights * (expected - 0.1 * entropy)).sum() / tokens.numel()).backward()
+    rows = tokens.chunk(dist.get_world_size())[dist.get_rank()]
+    local = slice(dist.get_rank() * rows.shape[0], (dist.get_rank() + 1) * rows.shape[0])
+    log_probs, local_entropy = fused_ops.rl.token_log_probs(call, rows, mask[local], temperature=0.7,
+                                                            return_entropy=True)
+    torch.testing.assert_close(log_probs, expected[local].detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(local_entropy, entropy[local].detach(), rtol=1e-5, atol=1e-5)
+    # FSDP2 and DDP average the processes' gradients: each process's loss is over its share of the tokens.
+    ((weights[local] * (log_probs - 0.1 * local_entropy)).sum() / rows.numel()).backward()
+    expected_grads = dict(reference.named_parameters())
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(full_gradient(parameter.grad), expected_grads[name].grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m: f"{name}: {m}")

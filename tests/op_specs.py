@@ -167,10 +167,14 @@ def largest_logit(inputs, **options):
     return max(1.0, F.linear(x.detach(), w.detach(), b.detach()).abs().max().item())
 
 
-def linear_log_probs_reference(x, w, t, b=None, temperature=1.0, ignore_index=-100, return_entropy=False):
-    """log_softmax(F.linear / temperature) at the target, and the entropy -sum(p log p) (an empty tensor
-    when not asked for); 0 on ignored rows."""
-    z = F.linear(x, w, b) / temperature
+def linear_log_probs_reference(x, w, t, b=None, temperature=1.0, ignore_index=-100, return_entropy=False,
+                               logit_scale=1.0, softcap=0.0):
+    """log_softmax(softcap * tanh(F.linear * logit_scale / softcap) / temperature) at the target, and the
+    entropy -sum(p log p) (an empty tensor when not asked for); 0 on ignored rows."""
+    z = F.linear(x, w, b) * logit_scale
+    if softcap > 0:
+        z = softcap * torch.tanh(z / softcap)
+    z = z / temperature
     log_p = torch.log_softmax(z.to(torch.float64 if z.dtype == torch.float64 else torch.float32), dim=-1)
     ignored = t == ignore_index
     log_probs = log_p.gather(-1, t.masked_fill(ignored, 0).unsqueeze(-1)).squeeze(-1).masked_fill(ignored, 0)
@@ -180,9 +184,9 @@ def linear_log_probs_reference(x, w, t, b=None, temperature=1.0, ignore_index=-1
     return log_probs, entropy
 
 
-def tempered_logit(inputs, temperature=1.0, **options):
-    """largest_logit of z / temperature: the log-probabilities and gradients round with it."""
-    return largest_logit(inputs) / min(1.0, temperature)
+def tempered_logit(inputs, temperature=1.0, logit_scale=1.0, **options):
+    """largest_logit of z * logit_scale / temperature: the log-probabilities and gradients round with it."""
+    return largest_logit(inputs) * max(1.0, abs(logit_scale)) / min(1.0, temperature)
 
 
 def silu_mul_linear_shapes(shape):
@@ -357,13 +361,14 @@ OPS = [
     # Both results with the entropy, the log-probabilities alone without it (its empty placeholder
     # takes no gradient).
     OpSpec("linear_log_probs",
-           lambda x, w, t, b, temperature=1.0, return_entropy=True: (
+           lambda x, w, t, b, temperature=1.0, return_entropy=True, logit_scale=1.0, softcap=0.0: (
                lambda out: out if return_entropy else out[0])(
-               torch.ops.fused.linear_log_probs(x, w, t, b, temperature, -100, return_entropy)),
-           lambda x, w, t, b, temperature=1.0, return_entropy=True: (
+               torch.ops.fused.linear_log_probs(x, w, t, b, temperature, -100, return_entropy, logit_scale, softcap)),
+           lambda x, w, t, b, temperature=1.0, return_entropy=True, logit_scale=1.0, softcap=0.0: (
                lambda out: out if return_entropy else out[0])(
-               linear_log_probs_reference(x, w, t, b, temperature, -100, return_entropy)),
-           linear_cross_entropy_shapes, {"temperature": (0.5, 2.0), "return_entropy": [False, True]},
+               linear_log_probs_reference(x, w, t, b, temperature, -100, return_entropy, logit_scale, softcap)),
+           linear_cross_entropy_shapes, {"temperature": (0.5, 2.0), "return_entropy": [False, True],
+                                         "logit_scale": (0.25, 2.0), "softcap": [0.0, 5.0]},
            min_dims=1, family="cross_entropy", differentiable=(0, 1, 3), make_input=class_targets,
            value_scale=tempered_logit, gradient_scale=tempered_logit,
            output_dtype=lambda dtype: torch.float64 if dtype == torch.float64 else torch.float32),

@@ -88,7 +88,8 @@ CHECKS = {
         ("norm_weight_forms_on_dtensors", ()),
         ("relu_add_backward_on_dtensors", ())]
        + ([("fused_hugging_face_model_under_fsdp2", (None,)), ("fused_hugging_face_model_under_fsdp2", ("aot_eager",)),
-           ("fused_hugging_face_model_compiled_under_ddp", ())]
+           ("fused_hugging_face_model_compiled_under_ddp", ()),
+           ("token_log_probs_under_fsdp2", ("fsdp2",)), ("token_log_probs_under_fsdp2", ("ddp",))]
           if importlib.util.find_spec("transformers") else []),
     4: [("ops_on_dtensors", ((2, 2), ROW_OPS)),
         ("training_step_matches_one_process", ((2, 2), None)),
@@ -193,3 +194,10 @@ def test_fused_hugging_face_model_under_fsdp2_trains_like_one_process(run_check,
 def test_fused_hugging_face_model_compiled_under_ddp_trains_like_one_process(run_check, device):
     pytest.importorskip("transformers")
     run_check(2, device, "fused_hugging_face_model_compiled_under_ddp")
+
+
+@pytest.mark.parametrize("device", devices(2))
+@pytest.mark.parametrize("wrapper", ["fsdp2", "ddp"])
+def test_token_log_probs_of_a_sharded_model_matches_one_process(run_check, device, wrapper):
+    pytest.importorskip("transformers")
+    run_check(2, device, "token_log_probs_under_fsdp2", wrapper)

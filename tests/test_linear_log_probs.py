@@ -21,19 +21,24 @@ def make_inputs(leading, hidden, classes, dtype, device, bias=True, ignored=0.12
     return x, weight, target, b
 
 
-def check(x, weight, target, bias, dtype, temperature=1.0, return_entropy=True, seed=1, uses=(True, True)):
+def check(x, weight, target, bias, dtype, temperature=1.0, return_entropy=True, seed=1, uses=(True, True),
+          logit_scale=1.0, softcap=0.0):
     """Both results and every gradient against float64, for random signed weights on the results that
     `uses` says the loss takes (log-probabilities, entropy)."""
     leaves = [t.requires_grad_(True) for t in (x, weight, bias) if t is not None]
-    result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=temperature, return_entropy=return_entropy)
+    result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=temperature, return_entropy=return_entropy,
+                                        logit_scale=logit_scale, softcap=softcap)
     outputs = result if return_entropy else (result,)
     leaves64 = [t.detach().double().requires_grad_(True) for t in leaves]
     bias64 = leaves64[2] if bias is not None else None
-    expected = reference(leaves64[0], leaves64[1], target, bias64, temperature, -100, return_entropy)
+    expected = reference(leaves64[0], leaves64[1], target, bias64, temperature, -100, return_entropy, logit_scale,
+                         softcap)
     expected = expected if return_entropy else expected[:1]
     output_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     zeros = torch.zeros(weight.shape[0], dtype=torch.float64, device=weight.device)
+    # The raw product's rounding scales with the logit scale; a cap does not enlarge it.
     scale = largest_logit((leaves64[0], leaves64[1], target, bias64 if bias64 is not None else zeros)) / min(1, temperature)
+    scale *= max(1.0, abs(logit_scale))
     tolerance = TOLERANCE[dtype] * 4
     for out, want in zip(outputs, expected, strict=True):
         assert out.shape == target.shape and out.dtype == output_dtype
@@ -66,6 +71,26 @@ def test_values_and_gradients(device, dtype, shape, return_entropy):
 def test_temperature_and_no_bias(device, dtype, temperature, bias):
     x, weight, target, b = make_inputs((13,), 16, 29, dtype, device, bias=bias)
     check(x, weight, target, b, dtype, temperature)
+
+
+# (logit scale, softcap): Cohere's and Granite's scales, Gemma 2's cap of 30 and a cap that bends every
+# logit, a scale with a cap, a negative scale.
+HEAD_FORMS = [(0.0625, 0.0), (8.0, 0.0), (1.0, 30.0), (1.0, 1.5), (2.0, 3.0), (-0.5, 0.0)]
+
+
+@pytest.mark.parametrize("form", HEAD_FORMS, ids=lambda f: f"scale{f[0]:g}-cap{f[1]:g}")
+@pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
+def test_logit_scale_and_softcap(device, dtype, form, return_entropy):
+    """z = softcap * tanh(linear * logit_scale / softcap) / temperature, as the models apply them."""
+    x, weight, target, bias = make_inputs((17,), 16, 37, dtype, device)
+    check(x, weight, target, bias, dtype, 0.6, return_entropy, logit_scale=form[0], softcap=form[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_softcap_over_several_chunks(device, dtype, monkeypatch):
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")
+    x, weight, target, bias = make_inputs((300,), 8, 2000, dtype, device)
+    check(x, weight, target, bias, dtype, 0.8, logit_scale=0.25, softcap=2.0)
 
 
 @pytest.mark.parametrize("uses", [(True, False), (False, True)], ids=["log_probs_only", "entropy_only"])
@@ -144,14 +169,16 @@ def test_only_some_inputs_need_gradients(device, wanted):
 
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
-def test_gradcheck(device, bias, return_entropy):
+@pytest.mark.parametrize("form", [(1.0, 0.0), (0.5, 1.2)], ids=["plain", "scale-cap"])
+def test_gradcheck(device, bias, return_entropy, form):
     x, weight, target, b = make_inputs((4,), 3, 5, torch.float64, device, bias=bias)
     target[1] = -100
     leaves = [t.requires_grad_(True) for t in (x, weight, b) if t is not None]
 
     def function(*tensors):
         result = fused_ops.linear_log_probs(tensors[0], tensors[1], target, tensors[2] if bias else None,
-                                            temperature=0.8, return_entropy=return_entropy)
+                                            temperature=0.8, return_entropy=return_entropy, logit_scale=form[0],
+                                            softcap=form[1])
         return result
     assert torch.autograd.gradcheck(function, leaves)
 
@@ -173,16 +200,17 @@ def test_backward_op_is_not_differentiable(device):
 
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
-def test_opcheck(device, dtype, requires_grad, return_entropy):
+@pytest.mark.parametrize("form", [(), (0.5, 2.0)], ids=["defaults", "scale-cap"])
+def test_opcheck(device, dtype, requires_grad, return_entropy, form):
     x, weight, target, bias = make_inputs((5,), 8, 7, dtype, device)
     for t in (x, weight, bias):
         t.requires_grad_(requires_grad)
-    opcheck(torch.ops.fused.linear_log_probs.default, (x, weight, target, bias, 0.7, -100, return_entropy))
+    opcheck(torch.ops.fused.linear_log_probs.default, (x, weight, target, bias, 0.7, -100, return_entropy, *form))
     detached = [t.detach() for t in (x, weight)]
     gradients = torch.randn(5, device=device), torch.randn(5, device=device)
     opcheck(torch.ops.fused.linear_log_probs_backward.default,
             (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
-             [True, False, True]))
+             [True, False, True], *form))
 
 
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
@@ -206,7 +234,7 @@ def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy):
 
 class PolicyLogProbs(torch.nn.Module):
     def forward(self, x, weight, target):
-        return torch.ops.fused.linear_log_probs(x, weight, target, None, 0.7, -100, True)
+        return torch.ops.fused.linear_log_probs(x, weight, target, None, 0.7, -100, True, 0.5, 30.0)
 
 
 def test_export_keeps_one_node(device):
@@ -258,7 +286,7 @@ def bad_linear_log_probs_inputs(device):
     def make(**overrides):
         x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device, ignored=0.0)
         arguments = {"input": x, "weight": weight, "target": target, "bias": bias, "temperature": 1.0,
-                     "ignore_index": -100, "return_entropy": True}
+                     "ignore_index": -100, "return_entropy": True, "logit_scale": 1.0, "softcap": 0.0}
         arguments.update(overrides)
         return lambda: torch.ops.fused.linear_log_probs(*arguments.values())
     op = "fused::linear_log_probs: "
@@ -269,6 +297,10 @@ def bad_linear_log_probs_inputs(device):
         (make(temperature=0.0), op + "expected temperature > 0 and finite, but got 0"),
         (make(temperature=-1.0), op + "expected temperature > 0 and finite, but got -1"),
         (make(temperature=float("inf")), op + "expected temperature > 0 and finite, but got inf"),
+        (make(logit_scale=0.0), op + "expected logit_scale finite and not 0, but got 0"),
+        (make(logit_scale=float("nan")), op + "expected logit_scale finite and not 0, but got nan"),
+        (make(softcap=-1.0), op + "expected softcap >= 0 (0: no cap) and finite, but got -1"),
+        (make(softcap=float("inf")), op + "expected softcap >= 0 (0: no cap) and finite, but got inf"),
         (make(target=torch.zeros(4, device=device)), op + "expected target to be int64 class indices, but got Float"),
         (make(target=torch.zeros(3, dtype=torch.long, device=device)),
          op + "expected target of input's leading shape [4], but got [3]"),
@@ -291,7 +323,7 @@ def bad_linear_log_probs_inputs(device):
     return cases
 
 
-@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("case", range(19))
 @pytest.mark.absent(lambda device, case: case >= len(bad_linear_log_probs_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_linear_log_probs_inputs(device), case)

@@ -16,7 +16,7 @@ namespace {
 void log_probs_rows_cpu(const LogProbsRows& p, at::ScalarType dtype) {
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_log_probs_cpu", [&] {
     using opmath_t = at::opmath_type<scalar_t>;
-    const opmath_t inverse_temperature = static_cast<opmath_t>(p.inverse_temperature);
+    const HeadLogit<opmath_t> head = head_logit<opmath_t>(p);
     opmath_t* log_probs = static_cast<opmath_t*>(p.log_probs);
     opmath_t* entropy = static_cast<opmath_t*>(p.entropy);
     const opmath_t* grad_log_probs = static_cast<const opmath_t*>(p.grad_log_probs);
@@ -25,7 +25,7 @@ void log_probs_rows_cpu(const LogProbsRows& p, at::ScalarType dtype) {
     at::parallel_for(0, p.rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
-        auto z = [&](int64_t j) { return static_cast<opmath_t>(logits[j]) * inverse_temperature; };
+        auto z = [&](int64_t j) { return head.of(static_cast<opmath_t>(logits[j])); };
         const int64_t target = p.target[row];
         if (target == p.ignore_index || target < 0 || target >= p.classes) {
           // Ignored: 0. Out of range: NaN (the chunk loop reports it).
@@ -53,9 +53,10 @@ void log_probs_rows_cpu(const LogProbsRows& p, at::ScalarType dtype) {
         const opmath_t grad_log_prob = grad_log_probs == nullptr ? opmath_t(0) : grad_log_probs[row];
         const opmath_t grad_row_entropy = grad_entropy == nullptr ? opmath_t(0) : grad_entropy[row];
         for (int64_t j = 0; j < p.classes; ++j) {
-          const opmath_t gradient = log_probs_logit_gradient(z(j), j == target, log_sum_exp, row_entropy,
-                                                             grad_log_prob, grad_row_entropy);
-          logits[j] = static_cast<scalar_t>(gradient * inverse_temperature);
+          const opmath_t capped = head.capped(static_cast<opmath_t>(logits[j]));
+          const opmath_t gradient = log_probs_logit_gradient(capped * head.inverse_temperature, j == target,
+                                                             log_sum_exp, row_entropy, grad_log_prob, grad_row_entropy);
+          logits[j] = static_cast<scalar_t>(gradient * head.slope(capped));
         }
       }
     });

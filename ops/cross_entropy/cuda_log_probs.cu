@@ -81,7 +81,7 @@ struct EntropyState {
   }
 };
 
-template <typename scalar_t, bool kVectorized, bool kEntropy>
+template <typename scalar_t, bool kVectorized, bool kEntropy, bool kSoftcap>
 __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRows p) {
   begin_dependent_kernel();
   using opmath_t = at::opmath_type<scalar_t>;
@@ -90,7 +90,8 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
   const int64_t row = blockIdx.x;
   scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
   const int64_t target = p.target[row];
-  const opmath_t inverse_temperature = static_cast<opmath_t>(p.inverse_temperature);
+  HeadLogit<opmath_t> head = head_logit<opmath_t>(p);
+  if constexpr (!kSoftcap) head.softcap = opmath_t(0);
   const opmath_t* grad_log_probs = static_cast<const opmath_t*>(p.grad_log_probs);
   const opmath_t* grad_entropy = static_cast<const opmath_t*>(p.grad_entropy);
   const bool backward = grad_log_probs != nullptr || grad_entropy != nullptr;
@@ -114,17 +115,17 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
     opmath_t values[kWidth];
     unpack_vec(load_vec<kBytes>(logits, v), values);
 #pragma unroll
-    for (int i = 0; i < kWidth; ++i) state.add(values[i] * inverse_temperature);
+    for (int i = 0; i < kWidth; ++i) state.add(head.of(values[i]));
   }
   for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
-    state.add(static_cast<opmath_t>(logits[j]) * inverse_temperature);
+    state.add(head.of(static_cast<opmath_t>(logits[j])));
   }
   state = block_merged<kRowThreads>(state);
   const opmath_t log_sum_exp = state.max + log(state.sum_exp);
   const opmath_t entropy = kEntropy ? log(state.sum_exp) - state.sum_shifted / state.sum_exp : opmath_t(0);
   if (!backward) {
     if (threadIdx.x == 0) {
-      static_cast<opmath_t*>(p.log_probs)[row] = static_cast<opmath_t>(logits[target]) * inverse_temperature - log_sum_exp;
+      static_cast<opmath_t*>(p.log_probs)[row] = head.of(static_cast<opmath_t>(logits[target])) - log_sum_exp;
       if (p.entropy != nullptr) static_cast<opmath_t*>(p.entropy)[row] = entropy;
     }
     return;
@@ -133,9 +134,10 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
   const opmath_t grad_log_prob = grad_log_probs == nullptr ? opmath_t(0) : grad_log_probs[row];
   const opmath_t grad_row_entropy = grad_entropy == nullptr ? opmath_t(0) : grad_entropy[row];
   auto gradient = [&](opmath_t raw, int64_t j) {
-    return log_probs_logit_gradient(raw * inverse_temperature, j == target, log_sum_exp, entropy, grad_log_prob,
-                                    grad_row_entropy) *
-           inverse_temperature;
+    const opmath_t capped = head.capped(raw);
+    return log_probs_logit_gradient(capped * head.inverse_temperature, j == target, log_sum_exp, entropy,
+                                    grad_log_prob, grad_row_entropy) *
+           head.slope(capped);
   };
   for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
     opmath_t values[kWidth];
@@ -151,8 +153,12 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
 
 template <typename scalar_t, bool kVectorized>
 void launch_log_probs_rows(const LogProbsRows& p, bool entropy, cudaStream_t stream) {
-  auto kernel = entropy ? log_probs_rows_kernel<scalar_t, kVectorized, true>
-                        : log_probs_rows_kernel<scalar_t, kVectorized, false>;
+  // The cap's tanh is compiled in only where a cap is asked for.
+  const bool softcap = p.softcap > 0;
+  auto kernel = entropy && softcap ? log_probs_rows_kernel<scalar_t, kVectorized, true, true>
+                : entropy          ? log_probs_rows_kernel<scalar_t, kVectorized, true, false>
+                : softcap          ? log_probs_rows_kernel<scalar_t, kVectorized, false, true>
+                                   : log_probs_rows_kernel<scalar_t, kVectorized, false, false>;
   // Chunks hold far fewer than 2^31 rows (launch_plan.h), one block each.
   launch_kernel(kernel, static_cast<unsigned int>(p.rows), kRowThreads, 0, stream, p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,12 +1,14 @@
 #pragma once
-// linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy): per row,
-// with z = (input @ weight.T + bias) / temperature, the log-probability log_softmax(z)[target] and the
-// entropy -sum(softmax(z) * log_softmax(z)), without the [N, V] logits in memory. The rows go through
+// linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale,
+// softcap): per row, with y = (input @ weight.T + bias) * logit_scale, the soft cap
+// c = softcap * tanh(y / softcap) (c = y without one) and z = c / temperature, as the models apply them,
+// the log-probability log_softmax(z)[target] and the entropy -sum(softmax(z) * log_softmax(z)), without
+// the [N, V] logits in memory. The rows go through
 // in chunks as linear_cross_entropy's do (chunks.h): the device's product writes a chunk's logits, one
 // row kernel reads them. The backward recomputes each chunk's logits (the per-row weights of both
 // outputs are known only then), the row kernel turns them in place into
 //   d L / d z[j] = g1 ([j = t] - p[j]) - g2 p[j] (log p[j] + H)      (p = softmax(z), H the entropy)
-// divided by the temperature, and two more products add the chunk's share to the input's and weight's
+// times d z / d (input @ weight.T + bias), and two more products add the chunk's share to the input's and weight's
 // gradients. Ignored rows have log-probability, entropy and gradient 0.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -18,6 +20,7 @@
 #include <tuple>
 
 #include "../common/dtype_dispatch.h"
+#include "linear_cross_entropy.h"
 
 namespace fused_ops {
 
@@ -25,6 +28,8 @@ struct LogProbsOptions {
   double temperature = 1.0;
   int64_t ignore_index = -100;
   bool return_entropy = false;
+  double logit_scale = 1.0;
+  double softcap = 0.0;  // 0: no cap
 };
 
 // One chunk of rows for the row kernels (CPU or CUDA). The forward sets log_probs (and entropy); the
@@ -36,6 +41,8 @@ struct LogProbsRows {
   int64_t classes;
   const int64_t* target;  // [rows]
   double inverse_temperature;
+  double logit_scale;
+  double softcap;
   int64_t ignore_index;
   void* log_probs;             // [rows] in opmath, or null
   void* entropy;               // [rows] in opmath, or null
@@ -55,6 +62,25 @@ FUSED_HOST_DEVICE opmath_t log_probs_logit_gradient(opmath_t z, bool is_target, 
   opmath_t gradient = grad_log_prob * ((is_target ? opmath_t(1) : opmath_t(0)) - p);
   if (p != opmath_t(0)) gradient -= grad_entropy * p * (log_p + entropy);
   return gradient;
+}
+
+// The head's logit z from a raw product value (HeadLogit::of) and d z / d raw from the raw value and its
+// capped value (HeadLogit::slope).
+template <typename opmath_t>
+struct HeadLogit {
+  opmath_t logit_scale, softcap, inverse_temperature;
+
+  FUSED_HOST_DEVICE opmath_t capped(opmath_t raw) const { return soft_capped(raw * logit_scale, softcap); }
+  FUSED_HOST_DEVICE opmath_t of(opmath_t raw) const { return capped(raw) * inverse_temperature; }
+  FUSED_HOST_DEVICE opmath_t slope(opmath_t capped_value) const {
+    return inverse_temperature * soft_cap_slope(capped_value, softcap) * logit_scale;
+  }
+};
+
+template <typename opmath_t>
+FUSED_HOST_DEVICE HeadLogit<opmath_t> head_logit(const LogProbsRows& rows) {
+  return {static_cast<opmath_t>(rows.logit_scale), static_cast<opmath_t>(rows.softcap),
+          static_cast<opmath_t>(rows.inverse_temperature)};
 }
 
 using LogProbsRowsFunction = void (*)(const LogProbsRows&, at::ScalarType);

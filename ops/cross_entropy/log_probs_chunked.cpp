@@ -69,6 +69,8 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
     chunk.classes = classes;
     chunk.target = targets.const_data_ptr<int64_t>() + start;
     chunk.inverse_temperature = 1.0 / options.temperature;
+    chunk.logit_scale = options.logit_scale;
+    chunk.softcap = options.softcap;
     chunk.ignore_index = options.ignore_index;
     if (backward) {
       chunk.grad_log_probs = row_pointer(grad_log_prob_rows, start);

@@ -98,8 +98,11 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
 }
 
 TwoTensors linear_log_probs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
-                            const OptionalTensor& bias, double temperature, int64_t ignore_index, bool return_entropy) {
-  const at::Tensor logits = at::linear(as_rows(input), weight, bias).to(compute_dtype(input)) / temperature;
+                            const OptionalTensor& bias, double temperature, int64_t ignore_index, bool return_entropy,
+                            double logit_scale, double softcap) {
+  at::Tensor logits = at::linear(as_rows(input), weight, bias).to(compute_dtype(input)) * logit_scale;
+  if (softcap > 0) logits = at::tanh(logits / softcap) * softcap;
+  logits = logits / temperature;
   const at::Tensor log_probs_all = at::log_softmax(logits, -1);
   const at::Tensor rows = target.reshape({-1});
   const at::Tensor kept = rows != ignore_index;

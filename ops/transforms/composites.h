@@ -30,6 +30,7 @@ at::Tensor linear_cross_entropy(const at::Tensor& input, const at::Tensor& weigh
                                 const OptionalTensor& bias, int64_t ignore_index, double label_smoothing,
                                 c10::string_view reduction, double softcap);
 TwoTensors linear_log_probs(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
-                            const OptionalTensor& bias, double temperature, int64_t ignore_index, bool return_entropy);
+                            const OptionalTensor& bias, double temperature, int64_t ignore_index, bool return_entropy,
+                            double logit_scale, double softcap);
 
 }  // namespace fused_ops::composite

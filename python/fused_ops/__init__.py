@@ -108,6 +108,7 @@ from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gated_mul, gated_mul
                    silu_mul_linear)
 from . import nn  # noqa: E402
 from .patching import fuse, FusionReport  # noqa: E402
+from .rl import token_log_probs, HeadNotProven  # noqa: E402
 from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
 
 register_sharding_rules_when_dtensor_loads()
@@ -137,5 +138,7 @@ __all__ = [
     "linear_log_probs",
     "fuse",
     "FusionReport",
+    "token_log_probs",
+    "HeadNotProven",
     "nn",
 ]

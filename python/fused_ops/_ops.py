@@ -144,19 +144,24 @@ def linear_cross_entropy(input: Tensor, weight: Tensor, target: Tensor, bias: Op
 
 
 def linear_log_probs(input: Tensor, weight: Tensor, target: Tensor, bias: Optional[Tensor] = None, *,
-                     temperature: float = 1.0, ignore_index: int = -100,
-                     return_entropy: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+                     temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False,
+                     logit_scale: float = 1.0, softcap: float = 0.0) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Per-token log-probabilities (and entropy) of an LM head without the [N, V] logits in memory:
-    with `z = F.linear(input, weight, bias) / temperature`, `log_softmax(z).gather(-1, target)` and, with
-    `return_entropy`, `-(softmax(z) * log_softmax(z)).sum(-1)`.
+    with `y = F.linear(input, weight, bias) * logit_scale`, `z = softcap * tanh(y / softcap) / temperature`
+    (`z = y / temperature` for softcap 0), `log_softmax(z).gather(-1, target)` and, with
+    `return_entropy`, `-(softmax(z) * log_softmax(z)).sum(-1)`. `logit_scale` and `softcap` are the
+    model's own (Cohere's `logit_scale`, Granite's `1 / logits_scaling`, Gemma 2's
+    `final_logit_softcapping`): `fused_ops.token_log_probs` takes them from the model.
 
     input [..., H] (the final hidden states), weight [V, H] as nn.Linear stores it (`lm_head.weight`),
     bias [V] or None, all of one dtype (float32, float16, bfloat16 or float64); target int64 of input's
-    leading shape with values in [0, V) or `ignore_index`; temperature > 0. Both results are float32
+    leading shape with values in [0, V) or `ignore_index`; temperature > 0, logit_scale finite and not 0,
+    softcap >= 0. Both results are float32
     (float64 for float64 input) of target's shape and 0 on ignored rows. Returns `log_probs`, or
     `(log_probs, entropy)` with `return_entropy=True`. Differentiable in input, weight and bias through
     both results with any per-token weights (advantages, ratios, KL terms); the backward recomputes the
     logits chunk by chunk (no double backward).
     """
-    log_probs, entropy = _linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy)
+    log_probs, entropy = _linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy,
+                                           logit_scale, softcap)
     return (log_probs, entropy) if return_entropy else log_probs

@@ -259,11 +259,11 @@ def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None,
     def rule(row, parameter_gradient):
         if output_mask is None:
             outputs = [row, row if return_entropy else Replicate()]
-            return outputs, [row, head[0], row, head[1], None, None, None]
+            return outputs, [row, head[0], row, head[1], None, None, None, None, None]
         outputs = [placement if asked else Replicate()
                    for placement, asked in zip((row, parameter_gradient, parameter_gradient), output_mask)]
         grads = [None if spec is None else row for spec in gradients]
-        return outputs, grads + [row, head[0], row, head[1], None, None, None]
+        return outputs, grads + [row, head[0], row, head[1], None, None, None, None, None]
     rules = [rule(Replicate(), Replicate())]
     rules += [rule(Shard(d), Partial()) for d in range(input.ndim - 1)]
     return rules
@@ -338,9 +338,9 @@ def _register_once():
         lambda grad_loss, input, weight, target, bias, ignore_index, label_smoothing, reduction, softcap, output_mask:
         _linear_cross_entropy_rules(input, bias, reduction, output_mask, grad_loss))
     rule(ops.linear_log_probs)(
-        lambda input, weight, target, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False:
-        _linear_log_probs_rules(input, bias, return_entropy))
+        lambda input, weight, target, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False,
+        logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, return_entropy))
     rule(ops.linear_log_probs_backward)(
-        lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask:
-        _linear_log_probs_rules(input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy)))
+        lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask,
+        logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy)))
     return True
