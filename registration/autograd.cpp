@@ -391,5 +391,6 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("linear_cross_entropy_backward", &NotDifferentiable<linear_cross_entropy_backward_op>::call);
   m.impl("linear_log_probs", &TransformAware<&AutogradKernel<LinearLogProbsFunction, linear_log_probs_op>::call,
                                              &transforms::linear_log_probs>::call);
+  m.impl("linear_log_probs_with_log_sum_exp", &NotDifferentiable<linear_log_probs_with_log_sum_exp_op>::call);
   m.impl("linear_log_probs_backward", &NotDifferentiable<linear_log_probs_backward_op>::call);
 }

@@ -395,11 +395,15 @@ LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tenso
 }
 
 void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
-                                      const std::optional<at::Tensor>& grad_entropy, const at::Tensor& input,
+                                      const std::optional<at::Tensor>& grad_entropy,
+                                      const std::optional<at::Tensor>& log_sum_exp,
+                                      const std::optional<at::Tensor>& entropy, const at::Tensor& input,
                                       const at::Tensor& target) {
   const char* op = "linear_log_probs_backward";
   for (const auto& [name, gradient] : {std::make_pair("grad_log_probs", &grad_log_probs),
-                                       std::make_pair("grad_entropy", &grad_entropy)}) {
+                                       std::make_pair("grad_entropy", &grad_entropy),
+                                       std::make_pair("log_sum_exp", &log_sum_exp),
+                                       std::make_pair("entropy", &entropy)}) {
     if (!gradient->has_value() || !(*gradient)->defined()) continue;
     const at::Tensor& tensor = **gradient;
     check_floating(op, name, tensor);

@@ -94,9 +94,12 @@ LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tenso
                                                  const at::Tensor& target, const std::optional<at::Tensor>& bias,
                                                  double temperature, int64_t ignore_index, bool return_entropy,
                                                  double logit_scale, double softcap);
-// grad_log_probs and grad_entropy (each may be absent): floating, on input's device, of target's shape.
+// grad_log_probs, grad_entropy and the forward's log_sum_exp and entropy (each may be absent): floating, on
+// input's device, of target's shape.
 void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
-                                      const std::optional<at::Tensor>& grad_entropy, const at::Tensor& input,
+                                      const std::optional<at::Tensor>& grad_entropy,
+                                      const std::optional<at::Tensor>& log_sum_exp,
+                                      const std::optional<at::Tensor>& entropy, const at::Tensor& input,
                                       const at::Tensor& target);
 
 }  // namespace fused_ops

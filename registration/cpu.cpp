@@ -40,5 +40,6 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_entry<CrossEntropy>);
   using LogProbs = LinearLogProbsKernels<log_probs_cpu_backend>;
   m.impl("linear_log_probs", &linear_log_probs_entry<LogProbs>);
+  m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LogProbs>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LogProbs>);
 }

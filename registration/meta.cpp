@@ -109,20 +109,22 @@ struct LinearCrossEntropyMeta {
   }
 };
 
-// linear_log_probs: both outputs of target's shape (the entropy [0] when not asked for), and each
-// gradient asked for like its input, as ops/cross_entropy/log_probs_chunked.cpp returns them.
+// linear_log_probs: its outputs and the log-sum-exp of target's shape (the entropy [0] when not asked
+// for), and each gradient asked for like its input, as ops/cross_entropy/log_probs_chunked.cpp returns them.
 struct LinearLogProbsMeta {
-  static std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor&, const at::Tensor& target,
-                                                    const std::optional<at::Tensor>&, const LogProbsOptions& options) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor&,
+                                                                const at::Tensor& target,
+                                                                const std::optional<at::Tensor>&,
+                                                                const LogProbsOptions& options) {
     const at::TensorOptions output_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
     return {at::empty_symint(target.sym_sizes(), output_options),
-            options.return_entropy ? at::empty_symint(target.sym_sizes(), output_options) : at::empty({0}, output_options)};
+            options.return_entropy ? at::empty_symint(target.sym_sizes(), output_options) : at::empty({0}, output_options),
+            at::empty_symint(target.sym_sizes(), output_options)};
   }
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const std::optional<at::Tensor>&,
-                                                                 const std::optional<at::Tensor>&, const at::Tensor& input,
-                                                                 const at::Tensor& weight, const at::Tensor&,
-                                                                 const std::optional<at::Tensor>& bias,
-                                                                 const LogProbsOptions&, std::array<bool, 3> mask) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
+      const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const at::Tensor& input,
+      const at::Tensor& weight, const at::Tensor&, const std::optional<at::Tensor>& bias, const LogProbsOptions&,
+      std::array<bool, 3> mask, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
     return LinearCrossEntropyMeta::gradients(input, weight, bias, mask);
   }
 };
@@ -157,5 +159,6 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("linear_cross_entropy_with_gradients", &linear_cross_entropy_with_gradients_entry<LinearCrossEntropyMeta>);
   m.impl("linear_cross_entropy_backward", &linear_cross_entropy_backward_entry<LinearCrossEntropyMeta>);
   m.impl("linear_log_probs", &linear_log_probs_entry<LinearLogProbsMeta>);
+  m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LinearLogProbsMeta>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LinearLogProbsMeta>);
 }

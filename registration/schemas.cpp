@@ -109,10 +109,18 @@ TORCH_LIBRARY(fused, m) {
         "int ignore_index=-100, bool return_entropy=False, float logit_scale=1.0, float softcap=0.0) -> "
         "(Tensor log_probs, Tensor entropy)",
         tags);
+  // linear_log_probs and each row's log-sum-exp of z (the output dtype, of target's shape), which its
+  // backward takes: what the autograd kernel runs.
+  m.def("linear_log_probs_with_log_sum_exp(Tensor input, Tensor weight, Tensor target, Tensor? bias, "
+        "float temperature, int ignore_index, bool return_entropy, float logit_scale, float softcap) -> "
+        "(Tensor log_probs, Tensor entropy, Tensor log_sum_exp)",
+        tags);
   // The gradients where output_mask says (input, weight, bias) for the gradients of the log-probabilities
-  // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk; the others empty.
+  // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk of classes; the
+  // others empty. log_sum_exp and entropy: the forward's (None: computed again, one more product).
   m.def("linear_log_probs_backward(Tensor? grad_log_probs, Tensor? grad_entropy, Tensor input, Tensor weight, "
         "Tensor target, Tensor? bias, float temperature, int ignore_index, bool[3] output_mask, "
-        "float logit_scale=1.0, float softcap=0.0) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        "float logit_scale=1.0, float softcap=0.0, Tensor? log_sum_exp=None, Tensor? entropy=None) -> "
+        "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         tags);
 }

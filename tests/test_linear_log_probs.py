@@ -152,6 +152,65 @@ def test_several_chunks(device, dtype, monkeypatch):
     check(x, weight, target, bias, dtype, 0.8)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_several_chunks_of_classes(device, dtype, monkeypatch):
+    """The backward takes the classes in chunks (ops/cross_entropy/launch_plan.h): 300 rows with a 1 MB chunk
+    take 1536 classes at a time, six chunks of 7000 classes with a short last one."""
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")
+    x, weight, target, bias = make_inputs((300,), 8, 7000, dtype, device)
+    check(x, weight, target, bias, dtype, 0.8, logit_scale=0.5, softcap=3.0)
+
+
+def relative_error(got, want):
+    return ((got.double() - want).norm() / want.norm()).item()
+
+
+def test_16_bit_gradients_are_rounded_once(device, monkeypatch):
+    """bfloat16 gradients rounded once: against the float64 products of the bfloat16 logits' gradient (what
+    every bfloat16 head computes before its products), within 1.5x of rounding those to bfloat16 once. The
+    weight's rows of a chunk of classes come from one product over every row, and the input's gradient adds
+    up the chunks in float32; a bfloat16 sum over the 8 chunks would round 8 times."""
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")  # 4096 rows: 8 chunks of 128 classes
+    x, weight, target, _ = make_inputs((4096,), 64, 1024, torch.bfloat16, device, bias=False)
+    leaves = [t.requires_grad_(True) for t in (x, weight)]
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, temperature=0.6, return_entropy=True)
+    generator = torch.Generator().manual_seed(3)
+    weights = [torch.randn(4096, generator=generator).to(device) for _ in range(2)]
+    grads = torch.autograd.grad([log_probs, entropy], leaves, weights)
+    x64, weight64 = x.detach().double(), weight.detach().double()
+    logits = (x64 @ weight64.t()).to(torch.bfloat16).double().requires_grad_(True)
+    log_p = torch.log_softmax(logits / 0.6, -1)
+    kept = target != -100
+    chosen = log_p.gather(-1, target.clamp(min=0)[:, None]).squeeze(-1) * kept
+    row_entropy = -(log_p.exp() * log_p).sum(-1) * kept
+    grad_logits, = torch.autograd.grad([chosen, row_entropy], logits, [w.double() for w in weights])
+    grad_logits = grad_logits.to(torch.bfloat16).double()
+    for grad, want in zip(grads, (grad_logits @ weight64, grad_logits.t() @ x64)):
+        rounding = relative_error(want.to(torch.bfloat16), want)
+        assert relative_error(grad, want) < 1.5 * rounding, (relative_error(grad, want), rounding)
+
+
+def test_the_backward_with_and_without_the_forwards_statistics(device):
+    """linear_log_probs_backward given the forward's log-sum-exp and entropy (as the autograd kernel calls
+    it) and without them (computed again) gives the same gradients."""
+    x, weight, target, bias = make_inputs((9,), 8, 13, torch.float64, device)
+    log_probs, entropy, log_sum_exp = torch.ops.fused.linear_log_probs_with_log_sum_exp(
+        x, weight, target, bias, 0.7, -100, True, 0.5, 2.0)
+    want = reference(x, weight, target, bias, 0.7, -100, True, 0.5, 2.0)
+    torch.testing.assert_close(log_probs, want[0])
+    torch.testing.assert_close(entropy, want[1])
+    z = 2.0 * torch.tanh(F.linear(x, weight, bias) * 0.5 / 2.0) / 0.7
+    kept = target != -100
+    torch.testing.assert_close(log_sum_exp[kept], torch.logsumexp(z, -1)[kept])
+    grads = torch.randn(9, dtype=torch.float64, device=device), torch.randn(9, dtype=torch.float64, device=device)
+    given = torch.ops.fused.linear_log_probs_backward(*grads, x, weight, target, bias, 0.7, -100, [True, True, True],
+                                                      0.5, 2.0, log_sum_exp, entropy)
+    computed = torch.ops.fused.linear_log_probs_backward(*grads, x, weight, target, bias, 0.7, -100, [True, True, True],
+                                                         0.5, 2.0)
+    for a, b in zip(given, computed):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("wanted", ["input", "weight", "bias"])
 def test_only_some_inputs_need_gradients(device, wanted):
     """A frozen head (gradient of the input only), a frozen body (weight only), a bias alone."""
@@ -196,6 +255,9 @@ def test_backward_op_is_not_differentiable(device):
     grad = torch.randn(4, dtype=torch.float64, device=device, requires_grad=True)
     with pytest.raises(RuntimeError, match="fused::linear_log_probs_backward: not differentiable"):
         torch.ops.fused.linear_log_probs_backward(grad, None, x, weight, target, bias, 1.0, -100, [True, True, True])
+    x.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="fused::linear_log_probs_with_log_sum_exp: not differentiable"):
+        torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, True, 1.0, 0.0)
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -211,6 +273,14 @@ def test_opcheck(device, dtype, requires_grad, return_entropy, form):
     opcheck(torch.ops.fused.linear_log_probs_backward.default,
             (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
              [True, False, True], *form))
+    scale, cap = form or (1.0, 0.0)
+    statistics = torch.ops.fused.linear_log_probs_with_log_sum_exp(*detached, target, bias.detach(), 0.7, -100,
+                                                                  return_entropy, scale, cap)
+    opcheck(torch.ops.fused.linear_log_probs_with_log_sum_exp.default,
+            (*detached, target, bias.detach(), 0.7, -100, return_entropy, scale, cap))
+    opcheck(torch.ops.fused.linear_log_probs_backward.default,
+            (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
+             [True, True, True], scale, cap, statistics[2], statistics[1] if return_entropy else None))
 
 
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
@@ -335,6 +405,10 @@ def test_bad_gradients_of_the_backward(device):
                                            r"target \[4\], but got \[3\]"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), torch.ones(3, device=device), x, weight,
                                                   target, bias, 1.0, -100, [True, True, True])
+    with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected log_sum_exp to have the shape of "
+                                           r"target \[4\], but got \[5\]"):
+        torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
+                                                  -100, [True, True, True], 1.0, 0.0, torch.zeros(5, device=device))
     with pytest.raises(RuntimeError, match="linear_log_probs_backward: expected grad_log_probs to be float64, float32"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, dtype=torch.long, device=device), None, x, weight,
                                                   target, bias, 1.0, -100, [True, True, True])

@@ -1,8 +1,9 @@
-// CUDA kernel of linear_log_probs' rows: one block per row of logits. One pass keeps each thread's
-// running maximum, sum of exponentials and (for the entropy) sum of exp(z - maximum) (z - maximum),
-// merged across the block; the forward then writes the row's log-probability and entropy, the backward
-// a second pass of the gradient over the logits. 16-byte vectors where the chunk buffer's rows allow
-// them (launch_plan.h pads the rows so they always do), element by element for the rest.
+// CUDA kernels of linear_log_probs. The forward's rows: one block per row of logits, one pass keeping
+// each thread's running maximum, sum of exponentials and (for the entropy) sum of exp(z - maximum)
+// (z - maximum), merged across the block; then the row's log-probability, entropy and log-sum-exp. The
+// backward's tiles of classes: each thread turns one 16-byte vector of a row's logits into their gradient
+// from the row's log-sum-exp and entropy. 16-byte vectors where the buffers' rows allow them
+// (launch_plan.h pads the rows so they always do), element by element for the rest.
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -88,13 +89,10 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
   constexpr int kWidth = kVectorized ? 16 / int(sizeof(scalar_t)) : 1;
   constexpr int kBytes = kWidth * int(sizeof(scalar_t));
   const int64_t row = blockIdx.x;
-  scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
+  const scalar_t* logits = static_cast<const scalar_t*>(p.logits) + row * p.row_stride;
   const int64_t target = p.target[row];
   HeadLogit<opmath_t> head = head_logit<opmath_t>(p);
   if constexpr (!kSoftcap) head.softcap = opmath_t(0);
-  const opmath_t* grad_log_probs = static_cast<const opmath_t*>(p.grad_log_probs);
-  const opmath_t* grad_entropy = static_cast<const opmath_t*>(p.grad_entropy);
-  const bool backward = grad_log_probs != nullptr || grad_entropy != nullptr;
   const int64_t vectors = kVectorized ? p.classes / kWidth : 0;
   const int64_t tail_start = vectors * kWidth;
 
@@ -102,11 +100,10 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
     // Ignored: 0. Out of range: NaN (the host reports it; a kernel never reads there).
     const opmath_t value = target == p.ignore_index ? opmath_t(0) : std::numeric_limits<opmath_t>::quiet_NaN();
     if (threadIdx.x == 0) {
-      if (p.log_probs != nullptr) static_cast<opmath_t*>(p.log_probs)[row] = value;
+      static_cast<opmath_t*>(p.log_probs)[row] = value;
       if (p.entropy != nullptr) static_cast<opmath_t*>(p.entropy)[row] = value;
+      if (p.log_sum_exp != nullptr) static_cast<opmath_t*>(p.log_sum_exp)[row] = value;
     }
-    if (!backward) return;
-    for (int64_t j = threadIdx.x; j < p.classes; j += kRowThreads) logits[j] = static_cast<scalar_t>(value);
     return;
   }
 
@@ -121,32 +118,53 @@ __global__ void __launch_bounds__(kRowThreads) log_probs_rows_kernel(LogProbsRow
     state.add(head.of(static_cast<opmath_t>(logits[j])));
   }
   state = block_merged<kRowThreads>(state);
-  const opmath_t log_sum_exp = state.max + log(state.sum_exp);
-  const opmath_t entropy = kEntropy ? log(state.sum_exp) - state.sum_shifted / state.sum_exp : opmath_t(0);
-  if (!backward) {
-    if (threadIdx.x == 0) {
-      static_cast<opmath_t*>(p.log_probs)[row] = head.of(static_cast<opmath_t>(logits[target])) - log_sum_exp;
-      if (p.entropy != nullptr) static_cast<opmath_t*>(p.entropy)[row] = entropy;
+  if (threadIdx.x == 0) {
+    const opmath_t log_sum_exp = state.max + log(state.sum_exp);
+    static_cast<opmath_t*>(p.log_probs)[row] = head.of(static_cast<opmath_t>(logits[target])) - log_sum_exp;
+    if (p.entropy != nullptr) {
+      static_cast<opmath_t*>(p.entropy)[row] = log(state.sum_exp) - state.sum_shifted / state.sum_exp;
     }
-    return;
+    if (p.log_sum_exp != nullptr) static_cast<opmath_t*>(p.log_sum_exp)[row] = log_sum_exp;
   }
-  // Each thread rewrites only the elements it read above: no barrier needed before the writes.
-  const opmath_t grad_log_prob = grad_log_probs == nullptr ? opmath_t(0) : grad_log_probs[row];
-  const opmath_t grad_row_entropy = grad_entropy == nullptr ? opmath_t(0) : grad_entropy[row];
-  auto gradient = [&](opmath_t raw, int64_t j) {
-    const opmath_t capped = head.capped(raw);
-    return log_probs_logit_gradient(capped * head.inverse_temperature, j == target, log_sum_exp, entropy,
-                                    grad_log_prob, grad_row_entropy) *
-           head.slope(capped);
+}
+
+constexpr int kTileThreads = 256;
+
+// One row per blockIdx.x, kTileThreads vectors of its classes per blockIdx.y.
+template <typename scalar_t, bool kVectorized, bool kSoftcap>
+__global__ void __launch_bounds__(kTileThreads) log_probs_gradient_kernel(LogProbsGradientTile p,
+                                                                          int64_t classes_total) {
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  constexpr int kWidth = kVectorized ? 16 / int(sizeof(scalar_t)) : 1;
+  constexpr int kBytes = kWidth * int(sizeof(scalar_t));
+  const int64_t row = blockIdx.x;
+  const int64_t first = (int64_t(blockIdx.y) * kTileThreads + threadIdx.x) * kWidth;
+  if (first >= p.classes) return;
+  scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
+  HeadLogit<opmath_t> head = head_logit<opmath_t>(p);
+  if constexpr (!kSoftcap) head.softcap = opmath_t(0);
+  auto value = [row](const void* values) {
+    return values == nullptr ? opmath_t(0) : static_cast<const opmath_t*>(values)[row];
   };
-  for (int64_t v = threadIdx.x; v < vectors; v += kRowThreads) {
+  const int64_t target = p.target[row];
+  const opmath_t log_sum_exp = value(p.log_sum_exp), entropy = value(p.entropy);
+  const opmath_t grad_log_prob = value(p.grad_log_probs), grad_entropy = value(p.grad_entropy);
+  auto gradient = [&](opmath_t raw, int64_t j) {
+    return log_probs_raw_gradient(raw, head, target, p.ignore_index, classes_total, p.first_class + j == target,
+                                  log_sum_exp, entropy, grad_log_prob, grad_entropy);
+  };
+  if (kVectorized && first + kWidth <= p.classes) {
     opmath_t values[kWidth];
+    const int64_t v = first / kWidth;
     unpack_vec(load_vec<kBytes>(logits, v), values);
 #pragma unroll
-    for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], v * kWidth + i);
+    for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], first + i);
     store_vec<kBytes>(logits, v, pack_vec<scalar_t, kBytes>(values));
+    return;
   }
-  for (int64_t j = tail_start + threadIdx.x; j < p.classes; j += kRowThreads) {
+  const int64_t end = first + kWidth < p.classes ? first + kWidth : p.classes;
+  for (int64_t j = first; j < end; ++j) {
     logits[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(logits[j]), j));
   }
 }
@@ -167,8 +185,8 @@ void launch_log_probs_rows(const LogProbsRows& p, bool entropy, cudaStream_t str
 void log_probs_rows_cuda(const LogProbsRows& p, at::ScalarType dtype) {
   if (p.rows == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  // The entropy's sum is kept only where the entropy is written or its gradient read.
-  const bool entropy = p.entropy != nullptr || p.grad_entropy != nullptr;
+  // The entropy's sum is kept only where the entropy is written.
+  const bool entropy = p.entropy != nullptr;
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_log_probs_cuda", [&] {
     const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
     if (vectorized) {
@@ -179,12 +197,42 @@ void log_probs_rows_cuda(const LogProbsRows& p, at::ScalarType dtype) {
   });
 }
 
+template <typename scalar_t, bool kVectorized>
+void launch_log_probs_gradient(const LogProbsGradientTile& p, int64_t classes_total, cudaStream_t stream) {
+  auto kernel = p.softcap > 0 ? log_probs_gradient_kernel<scalar_t, kVectorized, true>
+                              : log_probs_gradient_kernel<scalar_t, kVectorized, false>;
+  constexpr int64_t kWidth = kVectorized ? 16 / int64_t(sizeof(scalar_t)) : 1;
+  const int64_t column_blocks = (p.classes + kTileThreads * kWidth - 1) / (kTileThreads * kWidth);
+  // Rows on x (up to 2^31 - 1), a row's classes on y: a chunk of classes (launch_plan.h) needs far fewer
+  // than 65535 blocks of 2048 or more.
+  TORCH_CHECK(column_blocks <= 65535 && p.rows < (int64_t(1) << 31),
+              "fused::linear_log_probs_backward: a chunk of ", p.rows, " rows x ", p.classes,
+              " classes is past the kernel's grid");
+  launch_kernel(kernel, dim3(static_cast<unsigned int>(p.rows), static_cast<unsigned int>(column_blocks)),
+                kTileThreads, 0, stream, p, classes_total);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void log_probs_gradient_cuda(const LogProbsGradientTile& p, int64_t classes_total, at::ScalarType dtype) {
+  if (p.rows == 0 || p.classes == 0) return;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_log_probs_backward_cuda", [&] {
+    const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
+    if (vectorized) {
+      launch_log_probs_gradient<scalar_t, true>(p, classes_total, stream);
+    } else {
+      launch_log_probs_gradient<scalar_t, false>(p, classes_total, stream);
+    }
+  });
+}
+
 }  // namespace
 }  // namespace cuda
 
 LogProbsBackend log_probs_cuda_backend() {
   const CrossEntropyBackend device = cross_entropy_cuda_backend();
-  return {cuda::log_probs_rows_cuda, device.available_bytes, device.check_targets, device.zero_row_padding};
+  return {cuda::log_probs_rows_cuda, cuda::log_probs_gradient_cuda, device.available_bytes, device.check_targets,
+          device.zero_row_padding};
 }
 
 }  // namespace fused_ops

@@ -52,25 +52,46 @@ inline int64_t requested_chunk_bytes() {
   return megabytes * kMegabyte;
 }
 
-// At most an eighth of the whole logits, held between 120 MB and 1 GB, and at most an eighth of the
-// memory available; then the rows split as evenly as whole multiples of 512 rows allow (64 for chunks
-// under 512 rows) into as few chunks as that allows.
+// A chunk's memory: at most an eighth of the whole logits, held between 120 MB and 1 GB, and at most an
+// eighth of the memory available (at least one `unit`: a row, or a class of every row), or
+// FUSED_OPS_LOGITS_CHUNK_MB.
+inline int64_t plan_chunk_bytes(int64_t whole, int64_t unit_bytes, int64_t available_bytes) {
+  int64_t budget = std::clamp<int64_t>(whole / 8, kSmallestChunkBytes, kLargestChunkBytes);
+  budget = std::min(budget, std::max<int64_t>(available_bytes / 8, unit_bytes));
+  const int64_t requested = requested_chunk_bytes();
+  return requested > 0 ? requested : budget;
+}
+
+// `total` units split into as few chunks of at most `budget_units` as allow, as evenly as whole multiples
+// of `multiple` (of `small_multiple` for chunks under `multiple`) allow.
+inline int64_t split_evenly(int64_t total, int64_t budget_units, int64_t multiple, int64_t small_multiple) {
+  int64_t largest = std::max<int64_t>(1, budget_units);
+  if (largest < multiple) multiple = small_multiple;
+  if (largest > multiple) largest = largest / multiple * multiple;
+  if (largest >= total) return std::max<int64_t>(1, total);
+  const int64_t chunks = (total + largest - 1) / largest;
+  int64_t chunk = (total + chunks - 1) / chunks;
+  if (chunk > multiple) chunk = std::min(largest, (chunk + multiple - 1) / multiple * multiple);
+  return chunk;
+}
+
+// The forward's chunk of rows: whole multiples of 512 rows (64 for chunks under 512 rows).
 inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
                                              int64_t available_bytes) {
   const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
-  const int64_t whole = rows * row_bytes;
-  int64_t budget = std::clamp<int64_t>(whole / 8, kSmallestChunkBytes, kLargestChunkBytes);
-  budget = std::min(budget, std::max<int64_t>(available_bytes / 8, row_bytes));
-  const int64_t requested = requested_chunk_bytes();
-  if (requested > 0) budget = requested;
-  int64_t largest = std::max<int64_t>(1, budget / row_bytes);
-  const int64_t multiple = largest >= kChunkRowMultiple ? kChunkRowMultiple : kSmallChunkRowMultiple;
-  if (largest > multiple) largest = largest / multiple * multiple;
-  if (largest >= rows) return std::max<int64_t>(1, rows);
-  const int64_t chunks = (rows + largest - 1) / largest;
-  int64_t chunk = (rows + chunks - 1) / chunks;
-  if (chunk > multiple) chunk = std::min(largest, (chunk + multiple - 1) / multiple * multiple);
-  return chunk;
+  const int64_t budget = plan_chunk_bytes(rows * row_bytes, row_bytes, available_bytes);
+  return split_evenly(rows, budget / row_bytes, kChunkRowMultiple, kSmallChunkRowMultiple);
+}
+
+// linear_log_probs' backward's chunk of classes, of every row: whole multiples of 256 classes (8 for
+// chunks under 256), so that every chunk's rows start on 16-byte vectors and its products tile evenly.
+constexpr int64_t kChunkClassMultiple = 256;
+constexpr int64_t kSmallChunkClassMultiple = 8;
+inline int64_t plan_log_probs_gradient_classes(int64_t rows, int64_t classes, int64_t element_size,
+                                               int64_t available_bytes) {
+  const int64_t class_bytes = std::max<int64_t>(1, rows) * element_size;
+  const int64_t budget = plan_chunk_bytes(classes * class_bytes, class_bytes, available_bytes);
+  return split_evenly(classes, budget / class_bytes, kChunkClassMultiple, kSmallChunkClassMultiple);
 }
 
 }  // namespace fused_ops

@@ -3,13 +3,18 @@
 // softcap): per row, with y = (input @ weight.T + bias) * logit_scale, the soft cap
 // c = softcap * tanh(y / softcap) (c = y without one) and z = c / temperature, as the models apply them,
 // the log-probability log_softmax(z)[target] and the entropy -sum(softmax(z) * log_softmax(z)), without
-// the [N, V] logits in memory. The rows go through
-// in chunks as linear_cross_entropy's do (chunks.h): the device's product writes a chunk's logits, one
-// row kernel reads them. The backward recomputes each chunk's logits (the per-row weights of both
-// outputs are known only then), the row kernel turns them in place into
+// the [N, V] logits in memory.
+//
+// The forward takes the rows in chunks (chunks.h): the device's product writes a chunk's logits, one row
+// kernel reads them and writes each row's log-probability, entropy and log-sum-exp. The backward takes the
+// classes in chunks instead, with every row: the per-row weights of both outputs are known only then, and
+// with the forward's log-sum-exp and entropy in hand the gradient over a logit needs no other logit of its
+// row. For each chunk of classes one product recomputes the logits, one elementwise kernel turns them in
+// place into
 //   d L / d z[j] = g1 ([j = t] - p[j]) - g2 p[j] (log p[j] + H)      (p = softmax(z), H the entropy)
-// times d z / d (input @ weight.T + bias), and two more products add the chunk's share to the input's and weight's
-// gradients. Ignored rows have log-probability, entropy and gradient 0.
+// times d z / d (input @ weight.T + bias), and two products give the chunk's rows of the weight's gradient
+// (whole, over every row: one rounding) and add its share to the input's gradient (kept in float32 for
+// 16-bit inputs: one rounding at the end). Ignored rows have log-probability, entropy and gradient 0.
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 
@@ -44,8 +49,27 @@ struct LogProbsRows {
   double logit_scale;
   double softcap;
   int64_t ignore_index;
-  void* log_probs;             // [rows] in opmath, or null
-  void* entropy;               // [rows] in opmath, or null
+  void* log_probs;    // [rows] in opmath
+  void* entropy;      // [rows] in opmath, or null
+  void* log_sum_exp;  // [rows] in opmath, or null
+};
+
+// One chunk of classes of the backward: the logits of every row for classes [first_class, first_class +
+// classes), row_stride elements apart, which the kernel turns into their gradient; per row the forward's
+// log-sum-exp and entropy and the two outputs' gradients.
+struct LogProbsGradientTile {
+  void* logits;
+  int64_t row_stride;
+  int64_t rows;
+  int64_t classes;
+  int64_t first_class;
+  const int64_t* target;  // [rows]
+  double inverse_temperature;
+  double logit_scale;
+  double softcap;
+  int64_t ignore_index;
+  const void* log_sum_exp;     // [rows] in opmath
+  const void* entropy;         // [rows] in opmath, or null (no entropy gradient)
   const void* grad_log_probs;  // [rows] in opmath, or null (a zero gradient)
   const void* grad_entropy;    // [rows] in opmath, or null (a zero gradient)
 };
@@ -77,17 +101,35 @@ struct HeadLogit {
   }
 };
 
+template <typename opmath_t, typename Chunk>
+FUSED_HOST_DEVICE HeadLogit<opmath_t> head_logit(const Chunk& chunk) {
+  return {static_cast<opmath_t>(chunk.logit_scale), static_cast<opmath_t>(chunk.softcap),
+          static_cast<opmath_t>(chunk.inverse_temperature)};
+}
+
+// d L / d raw of one logit of a tile: 0 on an ignored row, NaN for an out-of-range target (the host
+// reports it).
 template <typename opmath_t>
-FUSED_HOST_DEVICE HeadLogit<opmath_t> head_logit(const LogProbsRows& rows) {
-  return {static_cast<opmath_t>(rows.logit_scale), static_cast<opmath_t>(rows.softcap),
-          static_cast<opmath_t>(rows.inverse_temperature)};
+FUSED_HOST_DEVICE opmath_t log_probs_raw_gradient(opmath_t raw, const HeadLogit<opmath_t>& head, int64_t target,
+                                                  int64_t ignore_index, int64_t classes_total, bool is_target,
+                                                  opmath_t log_sum_exp, opmath_t entropy, opmath_t grad_log_prob,
+                                                  opmath_t grad_entropy) {
+  if (target == ignore_index) return opmath_t(0);
+  if (target < 0 || target >= classes_total) return opmath_t(NAN);
+  const opmath_t capped = head.capped(raw);
+  return log_probs_logit_gradient(capped * head.inverse_temperature, is_target, log_sum_exp, entropy, grad_log_prob,
+                                  grad_entropy) *
+         head.slope(capped);
 }
 
 using LogProbsRowsFunction = void (*)(const LogProbsRows&, at::ScalarType);
+// classes_total: the weight's V, against which the targets are checked.
+using LogProbsGradientFunction = void (*)(const LogProbsGradientTile&, int64_t classes_total, at::ScalarType);
 
 // The device's part of the chunk loop (as CrossEntropyBackend, linear_cross_entropy.h).
 struct LogProbsBackend {
   LogProbsRowsFunction rows;
+  LogProbsGradientFunction gradient;
   int64_t available_bytes;
   bool check_targets;
   bool zero_row_padding;
@@ -97,36 +139,46 @@ LogProbsBackend log_probs_cpu_backend();
 LogProbsBackend log_probs_cuda_backend();
 
 struct LinearLogProbsResult {
-  at::Tensor log_probs, entropy, grad_input, grad_weight, grad_bias;  // what was not asked for is empty
+  at::Tensor log_probs, entropy, log_sum_exp;  // the entropy [0] when not asked for
 };
 
-// The forward (gradients all false, both grads undefined) or the backward: the gradients where
-// `gradients` says (input, weight, bias) for grad_log_probs and grad_entropy (target's shape; either
-// may be undefined, a zero gradient).
+struct LinearLogProbsGradients {
+  at::Tensor grad_input, grad_weight, grad_bias;  // what was not asked for is empty
+};
+
+// The forward: both outputs and each row's log-sum-exp of z, in opmath, of target's shape.
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
-                                              const std::optional<at::Tensor>& grad_entropy,
                                               const LogProbsBackend& backend);
 
-// The two ops' kernels of one backend (registration/cpu.cpp, registration/cuda.cpp), on input's device.
+// The backward: the gradients where `gradients` says (input, weight, bias) for grad_log_probs and
+// grad_entropy (target's shape; either may be undefined, a zero gradient), from the forward's
+// log-sum-exp and entropy (computed again where not given).
+LinearLogProbsGradients linear_log_probs_backward_by_classes(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
+    const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
+    const std::optional<at::Tensor>& grad_entropy, const std::optional<at::Tensor>& log_sum_exp,
+    const std::optional<at::Tensor>& entropy, const LogProbsBackend& backend);
+
+// The ops' kernels of one backend (registration/cpu.cpp, registration/cuda.cpp), on input's device.
 template <LogProbsBackend (*kBackend)()>
 struct LinearLogProbsKernels {
-  static std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor& weight,
-                                                    const at::Tensor& target, const std::optional<at::Tensor>& bias,
-                                                    const LogProbsOptions& options) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor& weight,
+                                                                const at::Tensor& target,
+                                                                const std::optional<at::Tensor>& bias,
+                                                                const LogProbsOptions& options) {
     const c10::OptionalDeviceGuard device_guard(input.device());
-    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, {false, false, false},
-                                                           std::nullopt, std::nullopt, kBackend());
-    return {result.log_probs, result.entropy};
+    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, kBackend());
+    return {result.log_probs, result.entropy, result.log_sum_exp};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
       const std::optional<at::Tensor>& grad_log_probs, const std::optional<at::Tensor>& grad_entropy,
       const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
-      const LogProbsOptions& options, std::array<bool, 3> gradients) {
+      const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& log_sum_exp,
+      const std::optional<at::Tensor>& entropy) {
     const c10::OptionalDeviceGuard device_guard(input.device());
-    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, gradients,
-                                                           grad_log_probs, grad_entropy, kBackend());
+    LinearLogProbsGradients result = linear_log_probs_backward_by_classes(
+        input, weight, target, bias, options, gradients, grad_log_probs, grad_entropy, log_sum_exp, entropy, kBackend());
     return {result.grad_input, result.grad_weight, result.grad_bias};
   }
 };

@@ -1,67 +1,76 @@
-// The chunk loop of linear_log_probs, device-independent: ATen's products (cuBLAS on CUDA) around the
-// backend's row kernel. The checks (registration/checks.cpp) have run.
+// The chunk loops of linear_log_probs, device-independent: ATen's products (cuBLAS on CUDA) around the
+// backend's kernels; the forward by chunks of rows, the backward by chunks of classes
+// (linear_log_probs.h). The checks (registration/checks.cpp) have run.
+#include <ATen/OpMathType.h>
+#include <torch/version.h>
+
 #include <optional>
 
 #include "../common/tensors.h"
 #include "chunks.h"
+#include "launch_plan.h"
 #include "linear_cross_entropy.h"
 #include "linear_log_probs.h"
 
 namespace fused_ops {
 namespace {
 
-bool given(const std::optional<at::Tensor>& gradient) { return gradient.has_value() && gradient->defined(); }
+bool given(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && tensor->defined(); }
 
-// A per-row gradient as one contiguous opmath value per row, or undefined where none was given.
-at::Tensor row_values(const std::optional<at::Tensor>& gradient, at::ScalarType dtype) {
-  if (!given(gradient)) return at::Tensor();
-  return gradient->to(dtype).reshape({-1}).contiguous();
+// A per-row tensor as one contiguous opmath value per row, or undefined where none was given.
+at::Tensor row_values(const std::optional<at::Tensor>& values, at::ScalarType dtype) {
+  if (!given(values)) return at::Tensor();
+  return values->to(dtype).reshape({-1}).contiguous();
 }
 
-const void* row_pointer(const at::Tensor& values, int64_t start) {
-  if (!values.defined()) return nullptr;
-  return static_cast<const char*>(values.const_data_ptr()) + start * values.element_size();
+const void* pointer_or_null(const at::Tensor& values) { return values.defined() ? values.const_data_ptr() : nullptr; }
+
+// accumulator += a @ b with the product's sum kept in the accumulator's dtype: cuBLAS writes a float32
+// result of 16-bit operands itself; elsewhere the operands are widened first.
+void add_product(at::Tensor& accumulator, const at::Tensor& a, const at::Tensor& b) {
+  if (accumulator.scalar_type() == a.scalar_type()) {
+    accumulator.addmm_(a, b);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  if (accumulator.is_cuda()) {
+    at::addmm_out(accumulator, accumulator, a, b, accumulator.scalar_type());
+    return;
+  }
+#endif
+  accumulator.addmm_(a.to(accumulator.scalar_type()), b.to(accumulator.scalar_type()));
 }
 
 }  // namespace
 
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
-                                              const std::optional<at::Tensor>& grad_entropy,
                                               const LogProbsBackend& backend) {
   const int64_t classes = weight.size(0);
   const at::Tensor x = as_rows(input);
   const at::Tensor targets = target.reshape({-1}).contiguous();
   const int64_t rows = x.size(0);
-  const at::ScalarType output_dtype = cross_entropy_loss_dtype(input.scalar_type());
-  const at::TensorOptions output_options = input.options().dtype(output_dtype);
-  const bool backward = gradients[0] || gradients[1] || gradients[2];
-  // In the backward, rows with neither gradient have a zero gradient over their logits: no chunk runs.
-  const bool runs_chunks = !backward || given(grad_log_probs) || given(grad_entropy);
+  const at::TensorOptions output_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
 
   const LogitsChunks chunks(x, weight, bias, backend.available_bytes, backend.zero_row_padding);
   const int64_t chunk_rows = chunks.chunk_rows();
   // The first chunk's product is queued before the setup's small kernels, which the device then runs
   // behind it instead of waiting for each launch.
   at::Tensor first_logits;
-  if (chunk_rows > 0 && runs_chunks) first_logits = chunks.product(0, std::min(chunk_rows, rows));
+  if (chunk_rows > 0) first_logits = chunks.product(0, std::min(chunk_rows, rows));
 
-  LinearGradients linear_gradients(x, weight, bias, gradients, output_dtype);
-  at::Tensor log_probs, entropy, grad_log_prob_rows, grad_entropy_rows;
-  if (backward) {
-    grad_log_prob_rows = row_values(grad_log_probs, output_dtype);
-    grad_entropy_rows = row_values(grad_entropy, output_dtype);
-  } else {
-    log_probs = at::empty({rows}, output_options);
-    entropy = at::empty({options.return_entropy ? rows : 0}, output_options);
-  }
-
+  LinearLogProbsResult result;
+  result.log_probs = at::empty({rows}, output_options);
+  result.entropy = at::empty({options.return_entropy ? rows : 0}, output_options);
+  result.log_sum_exp = at::empty({rows}, output_options);
   std::optional<TargetRangeCheck> target_check;
   if (backend.check_targets && rows > 0) target_check = start_target_range_check(targets, classes, options.ignore_index);
-  for (int64_t start = 0; runs_chunks && start < rows; start += chunk_rows) {
+  for (int64_t start = 0; start < rows; start += chunk_rows) {
     const int64_t count = std::min(chunk_rows, rows - start);
     const at::Tensor logits = start == 0 ? first_logits : chunks.product(start, count);
+    auto row_pointer = [&](const at::Tensor& values) {
+      return static_cast<char*>(values.data_ptr()) + start * values.element_size();
+    };
     LogProbsRows chunk{};
     chunk.logits = logits.data_ptr();
     chunk.row_stride = logits.stride(0);
@@ -72,29 +81,109 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
     chunk.logit_scale = options.logit_scale;
     chunk.softcap = options.softcap;
     chunk.ignore_index = options.ignore_index;
-    if (backward) {
-      chunk.grad_log_probs = row_pointer(grad_log_prob_rows, start);
-      chunk.grad_entropy = row_pointer(grad_entropy_rows, start);
-    } else {
-      chunk.log_probs = static_cast<char*>(log_probs.data_ptr()) + start * log_probs.element_size();
-      if (options.return_entropy) chunk.entropy = static_cast<char*>(entropy.data_ptr()) + start * entropy.element_size();
-    }
+    chunk.log_probs = row_pointer(result.log_probs);
+    chunk.entropy = options.return_entropy ? row_pointer(result.entropy) : nullptr;
+    chunk.log_sum_exp = row_pointer(result.log_sum_exp);
     backend.rows(chunk, x.scalar_type());
-    // logits now holds d L / d (x @ weight.T + bias) of the chunk's rows.
-    if (backward) linear_gradients.add_chunk(logits, x, start, count);
   }
   if (target_check) finish_target_range_check(*target_check, targets, classes, options.ignore_index, "linear_log_probs");
+  result.log_probs = result.log_probs.view(target.sizes());
+  if (options.return_entropy) result.entropy = result.entropy.view(target.sizes());
+  result.log_sum_exp = result.log_sum_exp.view(target.sizes());
+  return result;
+}
 
-  LinearLogProbsResult result;
-  if (!backward) {
-    result.log_probs = log_probs.view(target.sizes());
-    result.entropy = options.return_entropy ? entropy.view(target.sizes()) : entropy;
-    return result;
+LinearLogProbsGradients linear_log_probs_backward_by_classes(
+    const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
+    const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
+    const std::optional<at::Tensor>& grad_entropy, const std::optional<at::Tensor>& log_sum_exp,
+    const std::optional<at::Tensor>& entropy, const LogProbsBackend& backend) {
+  const bool has_bias = given(bias);
+  const int64_t classes = weight.size(0);
+  const at::Tensor x = as_rows(input);
+  const int64_t rows = x.size(0);
+  const at::ScalarType opmath = at::toOpMathType(input.scalar_type());
+  LinearLogProbsGradients result;
+  at::Tensor grad_input_sum = gradients[0] ? at::zeros({rows, x.size(1)}, x.options().dtype(opmath))
+                                           : at::Tensor();
+  result.grad_weight = gradients[1] ? at::empty_like(weight, at::MemoryFormat::Contiguous)
+                                    : at::empty({0}, weight.options());
+  at::Tensor grad_bias_sum = gradients[2] && has_bias ? at::empty({classes}, x.options().dtype(opmath)) : at::Tensor();
+
+  const bool needs_entropy = given(grad_entropy);
+  // Rows with neither gradient have a zero gradient over their logits: no chunk runs.
+  const bool runs_chunks = rows > 0 && (given(grad_log_probs) || needs_entropy);
+  at::Tensor row_log_sum_exp = row_values(log_sum_exp, opmath);
+  at::Tensor row_entropy = needs_entropy ? row_values(entropy, opmath) : at::Tensor();
+  if (runs_chunks && (!row_log_sum_exp.defined() || (needs_entropy && !row_entropy.defined()))) {
+    // Called without the forward's statistics: they are computed again.
+    LogProbsOptions forward_options = options;
+    forward_options.return_entropy = needs_entropy;
+    const LinearLogProbsResult forward = linear_log_probs_chunked(input, weight, target, bias, forward_options, backend);
+    row_log_sum_exp = forward.log_sum_exp.reshape({-1}).to(opmath).contiguous();
+    if (needs_entropy) row_entropy = forward.entropy.reshape({-1}).to(opmath).contiguous();
   }
-  const std::array<at::Tensor, 3> gradient_tensors = linear_gradients.finish(input, bias);
-  result.grad_input = gradient_tensors[0];
-  result.grad_weight = gradient_tensors[1];
-  result.grad_bias = gradient_tensors[2];
+  const at::Tensor targets = target.reshape({-1}).contiguous();
+  const at::Tensor grad_log_prob_rows = row_values(grad_log_probs, opmath);
+  const at::Tensor grad_entropy_rows = row_values(grad_entropy, opmath);
+
+  const int64_t chunk_classes = runs_chunks ? plan_log_probs_gradient_classes(rows, classes, x.element_size(),
+                                                                              backend.available_bytes)
+                                            : 0;
+  at::Tensor buffer;
+  if (runs_chunks) {
+    const int64_t row_stride = cross_entropy_row_stride(chunk_classes, x.element_size());
+    // The device's products may read a row's padding (multiplied by zero): zeros, never stale NaN.
+    buffer = backend.zero_row_padding ? at::zeros({rows, row_stride}, x.options())
+                                      : at::empty({rows, row_stride}, x.options());
+  }
+  std::optional<TargetRangeCheck> target_check;
+  if (runs_chunks && backend.check_targets) {
+    target_check = start_target_range_check(targets, classes, options.ignore_index);
+  }
+  for (int64_t first = 0; runs_chunks && first < classes; first += chunk_classes) {
+    const int64_t count = std::min(chunk_classes, classes - first);
+    at::Tensor logits = buffer.narrow(1, 0, count);
+    const at::Tensor weight_rows = weight.narrow(0, first, count);
+    if (has_bias) {
+      at::addmm_out(logits, bias->narrow(0, first, count), x, weight_rows.t());
+    } else {
+      at::mm_out(logits, x, weight_rows.t());
+    }
+    LogProbsGradientTile tile{};
+    tile.logits = logits.data_ptr();
+    tile.row_stride = logits.stride(0);
+    tile.rows = rows;
+    tile.classes = count;
+    tile.first_class = first;
+    tile.target = targets.const_data_ptr<int64_t>();
+    tile.inverse_temperature = 1.0 / options.temperature;
+    tile.logit_scale = options.logit_scale;
+    tile.softcap = options.softcap;
+    tile.ignore_index = options.ignore_index;
+    tile.log_sum_exp = row_log_sum_exp.const_data_ptr();
+    tile.entropy = pointer_or_null(row_entropy);
+    tile.grad_log_probs = pointer_or_null(grad_log_prob_rows);
+    tile.grad_entropy = pointer_or_null(grad_entropy_rows);
+    backend.gradient(tile, classes, x.scalar_type());
+    // logits now holds d L / d (x @ weight.T + bias) of the chunk's classes.
+    if (gradients[1]) {
+      at::Tensor grad_weight_rows = result.grad_weight.narrow(0, first, count);
+      at::mm_out(grad_weight_rows, logits.t(), x);
+    }
+    if (gradients[0]) add_product(grad_input_sum, logits, weight_rows);
+    if (grad_bias_sum.defined()) grad_bias_sum.narrow(0, first, count).copy_(at::sum(logits, {0}, false, opmath));
+  }
+  if (target_check) {
+    finish_target_range_check(*target_check, targets, classes, options.ignore_index, "linear_log_probs_backward");
+  }
+  if (!runs_chunks) {
+    if (gradients[1]) result.grad_weight.zero_();
+    if (grad_bias_sum.defined()) grad_bias_sum.zero_();
+  }
+  result.grad_input = gradients[0] ? grad_input_sum.to(input.scalar_type()).view(input.sizes())
+                                   : at::empty({0}, input.options());
+  result.grad_bias = grad_bias_sum.defined() ? grad_bias_sum.to(bias->scalar_type()) : at::empty({0}, input.options());
   return result;
 }
 

@@ -23,8 +23,9 @@ halves, is gathered on that dim first).
   replicated. Its gradient ops give the input's gradient sharded like the input and the weight's and
   bias's `Partial`.
 - `linear_log_probs` runs on input rows (and target) sharded on any leading dim with the weight and bias
-  replicated: both results come out sharded like the target. Its backward takes the results' gradients
-  sharded so and gives the input's gradient sharded like the input and the weight's and bias's `Partial`.
+  replicated: both results (and `linear_log_probs_with_log_sum_exp`'s log-sum-exp) come out sharded like the
+  target. Its backward takes the results' gradients and the forward's log-sum-exp and entropy sharded so and
+  gives the input's gradient sharded like the input and the weight's and bias's `Partial`.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -249,21 +250,24 @@ def _linear_cross_entropy_rules(input, bias, reduction, output_mask=None, grad_l
     return rules
 
 
-def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None, gradients=None):
-    """linear_log_probs (output_mask None: the two results) or its backward (`gradients`: the specs of
-    grad_log_probs and grad_entropy, None where absent). Rows shard on a leading dim with the head
+def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None, gradients=None,
+                            log_sum_exp=False, statistics=(None, None)):
+    """linear_log_probs (output_mask None: the two results, and with `log_sum_exp` the log-sum-exp third) or
+    its backward (`gradients`: the specs of grad_log_probs and grad_entropy, `statistics` those of the
+    forward's log_sum_exp and entropy, None where absent). Rows shard on a leading dim with the head
     replicated; the entropy not asked for is an empty tensor, replicated; so are gradients not asked for."""
     Partial, Replicate, Shard = _placements()
     head = [Replicate(), None if bias is None else Replicate()]
 
     def rule(row, parameter_gradient):
         if output_mask is None:
-            outputs = [row, row if return_entropy else Replicate()]
+            outputs = [row, row if return_entropy else Replicate()] + ([row] if log_sum_exp else [])
             return outputs, [row, head[0], row, head[1], None, None, None, None, None]
         outputs = [placement if asked else Replicate()
                    for placement, asked in zip((row, parameter_gradient, parameter_gradient), output_mask)]
         grads = [None if spec is None else row for spec in gradients]
-        return outputs, grads + [row, head[0], row, head[1], None, None, None, None, None]
+        saved = [None if spec is None else row for spec in statistics]
+        return outputs, grads + [row, head[0], row, head[1], None, None, None, None, None] + saved
     rules = [rule(Replicate(), Replicate())]
     rules += [rule(Shard(d), Partial()) for d in range(input.ndim - 1)]
     return rules
@@ -340,7 +344,12 @@ def _register_once():
     rule(ops.linear_log_probs)(
         lambda input, weight, target, bias=None, temperature=1.0, ignore_index=-100, return_entropy=False,
         logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, return_entropy))
+    rule(ops.linear_log_probs_with_log_sum_exp)(
+        lambda input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap:
+        _linear_log_probs_rules(input, bias, return_entropy, log_sum_exp=True))
     rule(ops.linear_log_probs_backward)(
         lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask,
-        logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy)))
+        logit_scale=1.0, softcap=0.0, log_sum_exp=None, entropy=None: _linear_log_probs_rules(
+            input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy),
+            statistics=(log_sum_exp, entropy)))
     return True
