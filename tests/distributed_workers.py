@@ -238,8 +238,8 @@ def linear_cross_entropy_on_dtensors(device):
 
 
 def linear_log_probs_on_dtensors(device):
-    """linear_log_probs on rows sharded on each leading dim with the head replicated: both results come
-    out sharded like the target, with no communication. Values and the gradients of input, weight and
+    """linear_log_probs (a logit scale and a softcap) on rows sharded on each leading dim with the head
+    replicated: both results come out sharded like the target, with no communication. Values and the gradients of input, weight and
     bias through both results against the full tensors."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
@@ -255,8 +255,8 @@ def linear_log_probs_on_dtensors(device):
     target[0, 1] = -100
     target = target.to(device)
     leaves = [t.clone().requires_grad_(True) for t in (x, weight, bias)]
-    expected = fused_ops.linear_log_probs(leaves[0], leaves[1], target, leaves[2], temperature=0.7,
-                                          return_entropy=True)
+    head = dict(temperature=0.7, return_entropy=True, logit_scale=0.5, softcap=3.0)
+    expected = fused_ops.linear_log_probs(leaves[0], leaves[1], target, leaves[2], **head)
     grads = [torch.randn(target.shape, generator=generator, dtype=torch.float64).to(device) for _ in range(2)]
     expected_grads = torch.autograd.grad(expected, leaves, grads)
     for dim in (0, 1):
@@ -264,7 +264,7 @@ def linear_log_probs_on_dtensors(device):
                   distribute_tensor(weight, mesh, [Replicate()]).requires_grad_(True),
                   distribute_tensor(bias, mesh, [Replicate()]).requires_grad_(True)]
         outs = fused_ops.linear_log_probs(inputs[0], inputs[1], distribute_tensor(target, mesh, [Shard(dim)]),
-                                          inputs[2], temperature=0.7, return_entropy=True)
+                                          inputs[2], **head)
         for out, want in zip(outs, expected):
             assert list(out.placements) == [Shard(dim)], out.placements
             torch.testing.assert_close(out.full_tensor(), want.detach(), rtol=1e-12, atol=1e-12)

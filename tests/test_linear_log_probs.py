@@ -286,7 +286,8 @@ def test_opcheck(device, dtype, requires_grad, return_entropy, form):
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
 def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy):
     def step(x, weight, target, bias, advantages):
-        result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=return_entropy)
+        result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=return_entropy,
+                                            logit_scale=0.5, softcap=20.0)
         if not return_entropy:
             return (advantages * result).sum()
         log_probs, entropy = result
