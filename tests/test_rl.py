@@ -172,3 +172,26 @@ def test_the_proof_follows_a_changed_config():
     assert rl.head_form(model).softcap == 7.0 != first.softcap
     stock = copy.deepcopy(model)
     assert_matches_stock(model, stock)
+
+
+def test_a_compiled_model_compiles_once_for_the_head():
+    """The head's stand-in is one module kept per head: a compiled model compiles for it once, not at each
+    call, and gives the stock values."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    model = hf_families.build("qwen3").eval()
+    stock = copy.deepcopy(model)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter)
+    torch._dynamo.reset()
+    ids, mask, _ = inputs(model)
+    first = rl.token_log_probs(compiled, ids, mask, temperature=TEMPERATURE)
+    frames = counter.frame_count
+    for seed in (3, 4):
+        other = torch.randint(0, 100, ids.shape, generator=torch.Generator().manual_seed(seed))
+        got = rl.token_log_probs(compiled, other, mask, temperature=TEMPERATURE)
+        with torch.no_grad():
+            want, _ = stock_log_probs(stock, other, mask)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert counter.frame_count == frames, (frames, counter.frame_count)
+    with torch.no_grad():
+        torch.testing.assert_close(first, stock_log_probs(stock, ids, mask)[0], rtol=1e-4, atol=1e-4)

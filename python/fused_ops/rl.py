@@ -30,6 +30,8 @@ _PROOF_WIDTH = 16
 _PROOF_TOLERANCE = 1e-4  # stock forwards that upcast their logits to float32 are compared in float32
 # lm module -> (what the proof depended on, the proven HeadForm or the refusal's reason)
 _PROOFS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# head module -> its stand-in (_LogProbsHead)
+_STAND_INS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class HeadNotProven(ValueError):
@@ -199,12 +201,24 @@ class _LogProbsHead(torch.nn.Module):
     log-probabilities (and entropy) of the targets it holds through linear_log_probs with the real head's
     weight and bias, and returns a [..., 1] placeholder for the logits, which the caller discards."""
 
-    def __init__(self, real, form, targets, temperature, return_entropy, float32=False):
+    def __init__(self, real, form):
         super().__init__()
         object.__setattr__(self, "real", real)  # not a child: its parameters stay where they are registered
-        self.form, self.targets, self.temperature, self.return_entropy = form, targets, temperature, return_entropy
-        self.float32 = float32
+        self.form = form
+        self.ask(None)
+
+    def ask(self, targets, temperature=1.0, return_entropy=False, float32=False):
+        """What the next call computes; its results are cleared."""
+        self.targets, self.temperature, self.return_entropy, self.float32 = targets, temperature, return_entropy, float32
         self.results = None
+
+    def take(self):
+        """(log_probs, entropy or None) of the last call, which the stand-in no longer holds (nor the autograd
+        graph behind them); HeadNotProven where the model did not call its head."""
+        results, self.results = self.results, None
+        if results is None:
+            raise HeadNotProven(f"{type(self.real).__name__}: the model's forward did not call its head")
+        return results
 
     @property
     def weight(self):
@@ -254,12 +268,17 @@ def scoring_head(model, targets, temperature=1.0, return_entropy=False, float32=
     if has_hooks(real) or not is_plain_linear(real):
         raise HeadNotProven(f"{type(lm).__name__}: its head has hooks or weights of a tensor subclass; the head's "
                             "stand-in would not honour them")
-    stand_in = _LogProbsHead(real, form, targets, temperature, return_entropy, float32)
+    # One stand-in per head, kept: a compiled model sees the same module at each call and compiles once for it.
+    stand_in = _STAND_INS.get(real)
+    if stand_in is None or stand_in.form != form:
+        stand_in = _STAND_INS[real] = _LogProbsHead(real, form)
+    stand_in.ask(targets, temperature, return_entropy, float32)
     parent._modules[form.head] = stand_in
     try:
         yield stand_in
     finally:
         parent._modules[form.head] = real
+        stand_in.targets = None  # the caller's tensors are not kept alive
 
 
 def next_token_targets(input_ids, attention_mask=None, labels=None):
@@ -289,9 +308,7 @@ def token_log_probs(model, input_ids, attention_mask=None, *, labels=None, logit
         targets[:, :-(logits_to_keep + 1)] = -100
     with scoring_head(model, targets, temperature, return_entropy) as stand_in:
         model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **model_kwargs)
-    if stand_in.results is None:
-        raise HeadNotProven(f"{type(causal_lm_of(model)).__name__}: its forward did not call its head")
-    log_probs, entropy = stand_in.results
+    log_probs, entropy = stand_in.take()
     keep = slice(-(logits_to_keep + 1), -1) if logits_to_keep is not None else slice(None, -1)
     log_probs = log_probs[:, keep]
     return (log_probs, entropy[:, keep]) if return_entropy else log_probs
@@ -335,7 +352,7 @@ def add_fused_lm_head(model, temperature: float = 1.0, cast_lm_head_to_fp32: boo
         targets = F.pad(labels[:, 1:], (0, 1), value=-100) if shift_labels is None else shift_labels
         with scoring_head(self, targets, temperature, return_entropy, cast_lm_head_to_fp32) as stand_in:
             output = original_forward(*args, **kwargs)
-        log_probs, entropy = stand_in.results
+        log_probs, entropy = stand_in.take()
         if shift_labels is None:
             log_probs, entropy = log_probs[:, :-1], None if entropy is None else entropy[:, :-1]
         mask = targets[:, :log_probs.shape[1]] != -100
