@@ -1,6 +1,6 @@
 """TRL's GRPOTrainer and RLOOTrainer with this library's head (fused_ops.rl.trl_heads) in place of TRL's
 chunked one, and fuse()'s layer fusions on the policy and the reference model: two steps on a tiny model match
-stock TRL's losses and parameters."""
+stock TRL's losses, gradients and parameters."""
 import pytest
 import torch
 
@@ -42,6 +42,16 @@ def saved_model(tmp_path_factory):
     return str(path)
 
 
+class GradientRecorder(transformers.TrainerCallback):
+    """Each step's gradients, as the optimizer is about to take them."""
+
+    def __init__(self):
+        self.steps = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None})
+
+
 def train(trainer_name, saved_model, output_dir, ours):
     """Two steps. Plain SGD: AdamW's first step moves a weight whose gradient is rounding noise by the whole
     learning rate, where the two heads' last bits differ."""
@@ -59,9 +69,11 @@ def train(trainer_name, saved_model, output_dir, ours):
             trainer = build()
     else:
         trainer = build()
+    recorder = GradientRecorder()
+    trainer.add_callback(recorder)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
-    return trainer, losses
+    return trainer, losses, recorder.steps
 
 
 @pytest.mark.parametrize("trainer_name", ["grpo", "rloo"])
@@ -69,14 +81,21 @@ def test_two_steps_match_stock_trl(trainer_name, saved_model, tmp_path, monkeypa
     calls = []
     op = fused_ops.rl._ops.linear_log_probs
     monkeypatch.setattr(fused_ops.rl._ops, "linear_log_probs", lambda *a, **k: calls.append(1) or op(*a, **k))
-    stock, want = train(trainer_name, saved_model, str(tmp_path / "stock"), ours=False)
+    stock, want, want_gradients = train(trainer_name, saved_model, str(tmp_path / "stock"), ours=False)
     calls.clear()
-    fused, got = train(trainer_name, saved_model, str(tmp_path / "fused"), ours=True)
+    fused, got, gradients = train(trainer_name, saved_model, str(tmp_path / "fused"), ours=True)
     assert calls, "the trainer did not run linear_log_probs"
     for model in (fused.model, fused.ref_model):
         assert model is not None and model.fused_ops_report.counts()["gated_mlp"] == 2
     assert len(got) == len(want) == 2
     torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-4, atol=1e-6)
+    assert len(gradients) == len(want_gradients) == 2
+    for step, (grads, want_grads) in enumerate(zip(gradients, want_gradients)):
+        assert grads.keys() == want_grads.keys() and len(grads) > 0
+        for name, grad in grads.items():
+            largest = want_grads[name].abs().max().item()
+            torch.testing.assert_close(grad, want_grads[name], rtol=1e-4, atol=1e-6 + 1e-4 * largest,
+                                       msg=lambda message: f"step {step}, {name}: {message}")
     stock_parameters = dict(stock.model.named_parameters())
     for name, parameter in fused.model.named_parameters():
         torch.testing.assert_close(parameter, stock_parameters[name], rtol=1e-4, atol=1e-6,
