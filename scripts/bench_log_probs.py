@@ -234,6 +234,8 @@ def run(args):
         torch.cuda.empty_cache()
         rows.append(row)
         print(f"{op} {n}x{hidden}x{classes} done at {time.time() - started:.0f}s", file=sys.stderr)
+        print_row(row, variants)
+        sys.stdout.flush()
     return {"date": date.today().isoformat(), "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "cuda": torch.version.cuda, "copy_gbs": copy_gbs, "rows": rows, "commit": source_commit(),
             "temperature": TEMPERATURE, "variants": variants}
@@ -242,23 +244,27 @@ def run(args):
 def print_table(result):
     print(f"\n{result['device']}, torch {result['torch']}, {result['date']}, bf16, forward + backward, "
           f"temperature {result['temperature']}")
-    variants = result["variants"]
     for row in result["rows"]:
-        shape = "x".join(map(str, row["shape"]))
-        times = ", ".join(f"{v} {row[f'{v}_us'] / 1e3:.1f} ms" for v in variants if f"{v}_us" in row)
-        peaks = ", ".join(f"{v} {row[f'{v}_peak_mb']:.0f} MB" for v in variants if f"{v}_peak_mb" in row)
-        print(f"{row['op']} {shape}: {times}; peak above inputs and gradients: {peaks}")
-        for peer in ("trl", "compile"):
-            if "fused_us" in row and f"{peer}_us" in row:
-                print(f"  fused / {peer}: time {row['fused_us'] / row[f'{peer}_us']:.3f}x, "
-                      f"memory {row['fused_peak_mb'] / max(row[f'{peer}_peak_mb'], 1e-9):.3f}x")
-        if "fused_breakdown_ms" in row:
-            kinds = row["fused_breakdown_ms"]
-            print("  fused time: " + ", ".join(f"{k} {v:.1f} ms" for k, v in kinds.items()))
-        for variant, found in row["errors"].items():
-            print(f"  {variant} error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
-        for variant, found in row["vs_compile"].items():
-            print(f"  {variant} gradients vs torch.compile's: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
+        print_row(row, result["variants"])
+
+
+def print_row(row, variants):
+    """One shape's times, memory, time breakdown and errors."""
+    shape = "x".join(map(str, row["shape"]))
+    times = ", ".join(f"{v} {row[f'{v}_us'] / 1e3:.1f} ms" for v in variants if f"{v}_us" in row)
+    peaks = ", ".join(f"{v} {row[f'{v}_peak_mb']:.0f} MB" for v in variants if f"{v}_peak_mb" in row)
+    print(f"{row['op']} {shape}: {times}; peak above inputs and gradients: {peaks}")
+    for peer in ("trl", "compile"):
+        if "fused_us" in row and f"{peer}_us" in row:
+            print(f"  fused / {peer}: time {row['fused_us'] / row[f'{peer}_us']:.3f}x, "
+                  f"memory {row['fused_peak_mb'] / max(row[f'{peer}_peak_mb'], 1e-9):.3f}x")
+    if "fused_breakdown_ms" in row:
+        kinds = row["fused_breakdown_ms"]
+        print("  fused time: " + ", ".join(f"{k} {v:.1f} ms" for k, v in kinds.items()))
+    for variant, found in row["errors"].items():
+        print(f"  {variant} error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
+    for variant, found in row["vs_compile"].items():
+        print(f"  {variant} gradients vs torch.compile's: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
 
 
 def main():
