@@ -7,6 +7,7 @@
 #include "../ops/activations/silu_mul_linear.h"
 #include "autograd.h"
 #include "autograd_losses.h"
+#include "autograd_moe.h"
 #include "autograd_norms.h"
 #include "autograd_transforms.h"
 #include "checks.h"
@@ -393,4 +394,9 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
                                              &transforms::linear_log_probs>::call);
   m.impl("linear_log_probs_with_log_sum_exp", &NotDifferentiable<linear_log_probs_with_log_sum_exp_op>::call);
   m.impl("linear_log_probs_backward", &NotDifferentiable<linear_log_probs_backward_op>::call);
+  using namespace fused_ops::moe_autograd;
+  m.impl("moe_expert_mlp", &moe_expert_mlp_autograd);
+  m.impl("moe_expert_mlp_backward", &NotDifferentiable<moe_expert_mlp_backward_op>::call);
+  m.impl("moe_unpermute", &moe_unpermute_autograd);
+  m.impl("moe_unpermute_backward", &NotDifferentiable<moe_unpermute_backward_op>::call);
 }

@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "entry_points.h"
+#include "entry_points_moe.h"
 
 using namespace fused_ops;
 
@@ -11,4 +12,5 @@ TORCH_LIBRARY_IMPL(fused, CompositeExplicitAutograd, m) {
   m.impl("silu_mul_linear_backward", &silu_mul_linear_backward_entry);
   m.impl("gated_mul_linear", &gated_mul_linear_entry);
   m.impl("gated_mul_linear_backward", &gated_mul_linear_backward_entry);
+  m.impl("moe_permute", &moe_permute_entry);
 }

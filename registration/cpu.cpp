@@ -10,8 +10,14 @@
 #include "../ops/norms/norm.h"
 #include "../ops/rotary/rotary.h"
 #include "entry_points.h"
+#include "entry_points_moe.h"
 
 using namespace fused_ops;
+
+namespace {
+constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu};
+using Moe = MoeBackend<&kMoeRowKernels>;
+}  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("relu_add", &relu_add_entry<relu_add_cpu>);
@@ -42,4 +48,8 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("linear_log_probs", &linear_log_probs_entry<LogProbs>);
   m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LogProbs>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LogProbs>);
+  m.impl("moe_expert_mlp", &moe_expert_mlp_entry<Moe>);
+  m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<Moe>);
+  m.impl("moe_unpermute", &moe_unpermute_entry<Moe>);
+  m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<Moe>);
 }

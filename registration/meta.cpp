@@ -5,6 +5,7 @@
 
 #include "../ops/common/bit_mask.h"
 #include "entry_points.h"
+#include "entry_points_moe.h"
 
 namespace fused_ops {
 namespace {
@@ -129,6 +130,49 @@ struct LinearLogProbsMeta {
   }
 };
 
+
+// The experts' ops: [pairs, H] rows in the promoted dtype of the hidden states and routing weights (the
+// weighting's), [tokens, H] sums; the gradients not asked for are empty.
+struct MoeMeta {
+  static at::Tensor expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor&,
+                               const at::Tensor& routing_weights, const at::Tensor&, const at::Tensor&,
+                               const OptionalTensor&, const OptionalTensor&, const MoeExpertOptions&) {
+    return at::empty_symint({order.sym_size(0), hidden.sym_size(1)},
+                            hidden.options().dtype(at::promote_types(hidden.scalar_type(),
+                                                                     routing_weights.scalar_type())));
+  }
+  static SixTensors expert_mlp_backward(const at::Tensor&, const at::Tensor& hidden, const at::Tensor&,
+                                        const at::Tensor&, const at::Tensor& routing_weights,
+                                        const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                        const OptionalTensor& gate_up_bias, const OptionalTensor& down_bias,
+                                        const MoeExpertOptions&, std::array<bool, 6> mask) {
+    auto gradient = [](bool wanted, const at::Tensor* like, const at::Tensor& fallback) {
+      return wanted && like != nullptr ? like_contiguous(*like) : at::empty({0}, fallback.options());
+    };
+    const bool has_gate_up_bias = gate_up_bias.has_value() && gate_up_bias->defined();
+    const bool has_down_bias = down_bias.has_value() && down_bias->defined();
+    return {gradient(mask[0], &hidden, hidden), gradient(mask[1], &routing_weights, routing_weights),
+            gradient(mask[2], &gate_up_weight, gate_up_weight), gradient(mask[3], &down_weight, down_weight),
+            gradient(mask[4], has_gate_up_bias ? &*gate_up_bias : nullptr, gate_up_weight),
+            gradient(mask[5], has_down_bias ? &*down_bias : nullptr, down_weight)};
+  }
+  static at::Tensor unpermute(const at::Tensor& rows, const at::Tensor&, const at::Tensor&, int64_t top_k,
+                              const OptionalTensor&) {
+    return at::empty_symint({rows.sym_size(0) / top_k, rows.sym_size(1)}, rows.options());
+  }
+  static std::tuple<at::Tensor, at::Tensor> unpermute_backward(const at::Tensor& grad, const at::Tensor& rows,
+                                                               const at::Tensor& order, const at::Tensor&, int64_t,
+                                                               const OptionalTensor& routing_weights,
+                                                               std::array<bool, 2> mask) {
+    const at::TensorOptions row_options = rows.defined() ? rows.options() : grad.options();
+    at::Tensor grad_rows = mask[0] ? at::empty_symint({order.sym_size(0), grad.sym_size(1)}, row_options)
+                                   : at::empty({0}, grad.options());
+    const bool weights_given = routing_weights.has_value() && routing_weights->defined();
+    at::Tensor grad_weights = mask[1] && weights_given ? like_contiguous(*routing_weights) : at::empty({0}, grad.options());
+    return {grad_rows, grad_weights};
+  }
+};
+
 }  // namespace
 }  // namespace fused_ops
 
@@ -161,4 +205,8 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("linear_log_probs", &linear_log_probs_entry<LinearLogProbsMeta>);
   m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LinearLogProbsMeta>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LinearLogProbsMeta>);
+  m.impl("moe_expert_mlp", &moe_expert_mlp_entry<MoeMeta>);
+  m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<MoeMeta>);
+  m.impl("moe_unpermute", &moe_unpermute_entry<MoeMeta>);
+  m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<MoeMeta>);
 }

@@ -123,4 +123,33 @@ TORCH_LIBRARY(fused, m) {
         "float logit_scale=1.0, float softcap=0.0, Tensor? log_sum_exp=None, Tensor? entropy=None) -> "
         "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         tags);
+  // Mixture-of-experts experts (ops/moe/moe.h has the math). The pairs p = t * top_k + j of top_k_index [T, top_k]
+  // sorted by expert (stable; ids outside [0, num_experts) last): order [T * top_k] int64 and offsets
+  // [num_experts] int32, each expert's end in that order.
+  m.def("moe_permute(Tensor top_k_index, int num_experts) -> (Tensor order, Tensor offsets)", tags);
+  // rows [T * top_k, H] in order's order: routing weight x the gated MLP of expert e on its pair's token,
+  // act(x W_gate^T + b) * (x W_up^T + b) then W_down^T + b, for gate_up_weight [E, 2I, H] ([gate; up]) and
+  // down_weight [E, H, I] (transposed: [E, H, 2I] and [E, I, H]); 0 for pairs of no expert. Its autograd node
+  // saves the inputs alone; the backward recomputes the gathered rows, the gate/up product and the activation.
+  m.def("moe_expert_mlp(Tensor hidden_states, Tensor order, Tensor offsets, Tensor routing_weights, "
+        "Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias=None, Tensor? down_bias=None, "
+        "str activation='silu', bool transposed=False) -> Tensor",
+        tags);
+  // The gradients where output_mask says (hidden_states, routing_weights, gate_up_weight, down_weight,
+  // gate_up_bias, down_bias); the others are empty.
+  m.def("moe_expert_mlp_backward(Tensor grad, Tensor hidden_states, Tensor order, Tensor offsets, "
+        "Tensor routing_weights, Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias, Tensor? down_bias, "
+        "str activation, bool transposed, bool[6] output_mask) -> (Tensor grad_hidden_states, "
+        "Tensor grad_routing_weights, Tensor grad_gate_up_weight, Tensor grad_down_weight, Tensor grad_gate_up_bias, "
+        "Tensor grad_down_bias)",
+        tags);
+  // out [T, H] of rows' dtype: each token's top_k rows (at their place in order) summed in a fixed order, each
+  // times its routing weight where routing_weights [T, top_k] is given; pairs of no expert add nothing.
+  m.def("moe_unpermute(Tensor rows, Tensor order, Tensor offsets, int top_k, Tensor? routing_weights=None) -> Tensor",
+        tags);
+  // The gradients of moe_unpermute where output_mask says (rows, routing_weights); rows are needed only for
+  // the routing weights' gradient.
+  m.def("moe_unpermute_backward(Tensor grad, Tensor? rows, Tensor order, Tensor offsets, int top_k, "
+        "Tensor? routing_weights, bool[2] output_mask) -> (Tensor grad_rows, Tensor grad_routing_weights)",
+        tags);
 }

@@ -273,6 +273,52 @@ def linear_log_probs_on_dtensors(device):
             torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
 
 
+def moe_experts_on_dtensors(device):
+    """The experts' ops with the experts' weights sharded by expert (Shard(0)) and the tokens replicated: the
+    rules gather the weights and the result is the full computation's, values and every gradient; the weighted
+    un-permute on rows sharded on the hidden dim stays sharded so, the routing weights' gradient Partial."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    experts, tokens, hidden, top_k = 2 * ranks, 7, 8, 2
+    x = torch.randn(tokens, hidden, generator=generator, dtype=torch.float64).to(device)
+    index = torch.randint(0, experts, (tokens, top_k), generator=generator).to(device)
+    weights = torch.rand(tokens, top_k, generator=generator, dtype=torch.float64).to(device)
+    gate_up = torch.randn(experts, 8, hidden, generator=generator, dtype=torch.float64).to(device)
+    down = torch.randn(experts, hidden, 4, generator=generator, dtype=torch.float64).to(device)
+    leaves = [t.clone().requires_grad_(True) for t in (x, weights, gate_up, down)]
+    expected = fused_ops.moe_experts(leaves[0], index, *leaves[1:])
+    grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    placements = [[Replicate()], [Replicate()], [Shard(0)], [Shard(0)]]
+    inputs = [distribute_tensor(t, mesh, p).requires_grad_(True) for t, p in zip((x, weights, gate_up, down), placements)]
+    out = fused_ops.moe_experts(inputs[0], distribute_tensor(index, mesh, [Replicate()]), *inputs[1:])
+    torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(out, inputs, distribute_tensor(grad, mesh, [Replicate()]))
+    for value, want in zip(got, expected_grads):
+        torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+    order, offsets = fused_ops.moe_permute(index, experts)
+    rows = torch.randn(tokens * top_k, 2 * ranks, generator=generator, dtype=torch.float64).to(device)
+    rows_leaf, weights_leaf = rows.clone().requires_grad_(True), weights.clone().requires_grad_(True)
+    expected = fused_ops.moe_unpermute(rows_leaf, order, offsets, top_k, weights_leaf)
+    grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
+    expected_grads = torch.autograd.grad(expected, (rows_leaf, weights_leaf), grad)
+    sharded = [distribute_tensor(rows, mesh, [Shard(1)]).requires_grad_(True),
+               distribute_tensor(weights, mesh, [Replicate()]).requires_grad_(True)]
+    replicated = [distribute_tensor(t, mesh, [Replicate()]) for t in (order, offsets)]
+    out = fused_ops.moe_unpermute(sharded[0], *replicated, top_k, sharded[1])
+    assert list(out.placements) == [Shard(1)], out.placements
+    torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(out, sharded, distribute_tensor(grad, mesh, [Shard(1)]))
+    assert list(got[0].placements) == [Shard(1)] and isinstance(got[1].placements[0], (Partial, Replicate))
+    for value, want in zip(got, expected_grads):
+        torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def silu_mul_linear_on_dtensors(device):
     """silu_mul_linear on rows sharded on each leading dim (weight replicated) and on a replicated x
     with the weight sharded on its output rows: the placements its rules give, with no communication,

@@ -104,9 +104,10 @@ _check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
 from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gated_mul, gated_mul_linear, gelu_mul,  # noqa: E402
-                   layer_norm, linear_cross_entropy, linear_log_probs, relu_add, rms_norm, rotary_embedding, silu_mul,
-                   silu_mul_linear)
+                   layer_norm, linear_cross_entropy, linear_log_probs, moe_expert_mlp, moe_experts, moe_permute,
+                   moe_unpermute, relu_add, rms_norm, rotary_embedding, silu_mul, silu_mul_linear)
 from . import nn  # noqa: E402
+from . import experts  # noqa: E402
 from .patching import fuse, FusionReport  # noqa: E402
 from .rl import token_log_probs, HeadNotProven  # noqa: E402
 from ._lazy_distributed import register_sharding_rules_when_dtensor_loads  # noqa: E402
@@ -136,6 +137,10 @@ __all__ = [
     "rotary_embedding",
     "linear_cross_entropy",
     "linear_log_probs",
+    "moe_permute",
+    "moe_expert_mlp",
+    "moe_unpermute",
+    "moe_experts",
     "fuse",
     "FusionReport",
     "token_log_probs",

@@ -19,6 +19,9 @@ _add_layer_norm = torch.ops.fused.add_layer_norm.default
 _rotary_embedding = torch.ops.fused.rotary_embedding.default
 _linear_cross_entropy = torch.ops.fused.linear_cross_entropy.default
 _linear_log_probs = torch.ops.fused.linear_log_probs.default
+_moe_permute = torch.ops.fused.moe_permute.default
+_moe_expert_mlp = torch.ops.fused.moe_expert_mlp.default
+_moe_unpermute = torch.ops.fused.moe_unpermute.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -165,3 +168,50 @@ def linear_log_probs(input: Tensor, weight: Tensor, target: Tensor, bias: Option
     log_probs, entropy = _linear_log_probs(input, weight, target, bias, temperature, ignore_index, return_entropy,
                                            logit_scale, softcap)
     return (log_probs, entropy) if return_entropy else log_probs
+
+
+def moe_permute(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor]:
+    """The routed pairs of a mixture of experts sorted by expert: for `top_k_index` [T, top_k] (pair
+    `p = t * top_k + j` goes to expert `top_k_index[t, j]`), `order` [T * top_k] int64 (the pairs by expert,
+    stable; ids outside [0, num_experts), as expert parallelism marks foreign experts, last) and `offsets`
+    [num_experts] int32 (each expert's end in `order`, as torch's grouped products take them). No host sync.
+    """
+    return _moe_permute(top_k_index, num_experts)
+
+
+def moe_expert_mlp(hidden_states: Tensor, order: Tensor, offsets: Tensor, routing_weights: Tensor,
+                   gate_up_weight: Tensor, down_weight: Tensor, gate_up_bias: Optional[Tensor] = None,
+                   down_bias: Optional[Tensor] = None, activation: str = "silu", transposed: bool = False) -> Tensor:
+    """The experts' gated MLPs on the routed pairs, in `order`'s order ([T * top_k, H]): row s, for pair
+    `p = order[s]` of token `t = p // top_k` and expert e, is `routing_weights[t, j] * down_e(act(gate_e(x)) *
+    up_e(x))` with `x = hidden_states[t]`; 0 for a pair of no expert. `gate_up_weight` [E, 2I, H] holds
+    `[gate; up]` and `down_weight` [E, H, I] (`transposed`: [E, H, 2I] and [E, I, H], as transformers'
+    `is_transposed` experts store them); biases [E, 2I] and [E, H]; activation 'silu', 'gelu' or 'gelu_tanh'.
+    Its autograd node saves only its inputs: the backward gathers the rows again and recomputes the gate/up
+    product and the activation. Differentiable in the hidden states, routing weights, weights and biases.
+    """
+    return _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
+                           gate_up_bias, down_bias, activation, transposed)
+
+
+def moe_unpermute(rows: Tensor, order: Tensor, offsets: Tensor, top_k: int,
+                  routing_weights: Optional[Tensor] = None) -> Tensor:
+    """[T, H] of `rows`' dtype: each token's `top_k` rows of `rows` [T * top_k, H] (in `order`'s order) summed
+    in a fixed order in float32, each times its routing weight where `routing_weights` [T, top_k] is given;
+    pairs of no expert add nothing. Deterministic (no atomics). Differentiable in `rows` and
+    `routing_weights`.
+    """
+    return _moe_unpermute(rows, order, offsets, top_k, routing_weights)
+
+
+def moe_experts(hidden_states: Tensor, top_k_index: Tensor, routing_weights: Tensor, gate_up_weight: Tensor,
+                down_weight: Tensor, gate_up_bias: Optional[Tensor] = None, down_bias: Optional[Tensor] = None,
+                activation: str = "silu", transposed: bool = False) -> Tensor:
+    """A mixture of experts' routed experts, [T, H] of `hidden_states`' dtype: for each token the sum over its
+    `top_k` experts of `routing_weights[t, j] * expert(hidden_states[t])` (moe_permute, moe_expert_mlp,
+    moe_unpermute). What the backward keeps: the hidden states and the routing, nothing of size
+    [T * top_k, ...]."""
+    order, offsets = _moe_permute(top_k_index, gate_up_weight.shape[0])
+    rows = _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
+                           gate_up_bias, down_bias, activation, transposed)
+    return _moe_unpermute(rows, order, offsets, top_k_index.shape[-1], None).to(hidden_states.dtype)

@@ -26,6 +26,10 @@ halves, is gathered on that dim first).
   replicated: both results (and `linear_log_probs_with_log_sum_exp`'s log-sum-exp) come out sharded like the
   target. Its backward takes the results' gradients and the forward's log-sum-exp and entropy sharded so and
   gives the input's gradient sharded like the input and the weight's and bias's `Partial`.
+- The experts' ops (`moe_permute`, `moe_expert_mlp` and their gradients) run replicated: their rows hold pairs
+  of tokens and experts in an order computed over the whole batch, and an expert's weights are read whole.
+  Experts sharded over a mesh are gathered to each rank for them. `moe_unpermute` and its gradient also run
+  on rows sharded on the hidden dim (the routing replicated), the routing weights' gradient then `Partial`.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -273,6 +277,27 @@ def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None,
     return rules
 
 
+def _replicated(*arguments, outputs=1):
+    """Every tensor argument (a DTensor's spec; None or a plain value otherwise) and every output replicated."""
+    from torch.distributed.tensor._dtensor_spec import DTensorSpec
+    _, Replicate, _ = _placements()
+    return [([Replicate()] * outputs, [Replicate() if isinstance(a, DTensorSpec) else None for a in arguments])]
+
+
+def _moe_unpermute_rules(rows, order, offsets, top_k, routing_weights=None, grad=None, output_mask=None):
+    """moe_unpermute (grad None) or its backward: replicated, or the rows (and grad) sharded on the hidden dim."""
+    Partial, Replicate, Shard = _placements()
+    weights = None if routing_weights is None else Replicate()
+    if grad is None:
+        rules = _replicated(rows, order, offsets, top_k, routing_weights)
+        return rules + [([Shard(1)], [Shard(1), Replicate(), Replicate(), None, weights])]
+    rules = _replicated(grad, rows, order, offsets, top_k, routing_weights, output_mask, outputs=2)
+    rows_placement = None if rows is None else Shard(1)
+    outputs = [Shard(1) if output_mask[0] else Replicate(),
+               Partial() if output_mask[1] and routing_weights is not None else Replicate()]
+    return rules + [(outputs, [Shard(1), rows_placement, Replicate(), Replicate(), None, weights, None])]
+
+
 def _tensor(spec):
     return spec, False
 
@@ -352,4 +377,11 @@ def _register_once():
         logit_scale=1.0, softcap=0.0, log_sum_exp=None, entropy=None: _linear_log_probs_rules(
             input, bias, output_mask=output_mask, gradients=(grad_log_probs, grad_entropy),
             statistics=(log_sum_exp, entropy)))
+    rule(ops.moe_permute)(lambda top_k_index, num_experts: _replicated(top_k_index, num_experts, outputs=2))
+    rule(ops.moe_expert_mlp)(lambda *arguments: _replicated(*arguments))
+    rule(ops.moe_expert_mlp_backward)(lambda *arguments: _replicated(*arguments, outputs=6))
+    rule(ops.moe_unpermute)(_moe_unpermute_rules)
+    rule(ops.moe_unpermute_backward)(
+        lambda grad, rows, order, offsets, top_k, routing_weights, output_mask: _moe_unpermute_rules(
+            rows, order, offsets, top_k, routing_weights, grad=grad, output_mask=output_mask))
     return True

@@ -1,15 +1,18 @@
-"""The experts' gate of a mixture of experts: `act(gate) * up` on the halves of the grouped gate_up product.
+"""A mixture of experts' experts: the routed pairs through this library's experts ops, and the gate
+`act(gate) * up` between transformers' grouped products where those run.
 
-transformers' experts implementations (grouped and batched products) call the experts module's
-`_apply_gate(gate_up_out)` between the two products; that hook is what is replaced, so the products, the
-routing and the experts' parameters stay transformers' own. Proven on the experts call of the model's probe
-forward (its real routing), on a path that calls `_apply_gate`: the model's experts implementation where it
-does, else the batched products (the eager loop never calls it, and a proof where neither forward runs the
-gate proves nothing about the implementation a user switches to after fuse()).
+The experts module (transformers' `@use_experts_implementation` classes) gets a forward that runs
+moe_permute, moe_expert_mlp and moe_unpermute (fused_ops/experts.py) while the model's experts
+implementation is one of those proven to compute the same function (eager, grouped_mm, batched_mm: each
+proven on its own, on the experts call of the model's probe forward, with its real routing), and the stock
+forward otherwise (sonicmoe, deepgemm, an implementation set after fuse() that was not proven, an activation
+or weight replaced after fuse()). Its `_apply_gate`, which transformers' grouped and batched products call
+between the two products, is gated_mul. The gate is proven first on a path that calls `_apply_gate`: the
+model's experts implementation where it does, else the batched products (the eager loop never calls it).
 """
 import contextlib
 
-from ... import _ops
+from ... import _ops, experts as fused_experts
 from .. import probe
 from ..swap import activation_children, forward_builder
 from . import LeftAlone, Rule
@@ -19,25 +22,38 @@ from .gated_mlp import ACTIVATIONS
 _PROOF_IMPLEMENTATION = "batched_mm"
 
 
-@forward_builder("experts_gate", methods=("_apply_gate",),
+def _current_implementation(module):
+    config = getattr(module, "config", None)
+    return getattr(config, "_experts_implementation", None)
+
+
+@forward_builder("experts_gate", methods=("_apply_gate", "forward"),
                  skips=lambda options: tuple(name for name, _ in options.get("_activation_children") or ()))
 def _experts_gate_methods(base, options):
     # None in a model pickled before the option existed: the stock forward (activation_children never equals it).
     activation, activations = options["activation"], options.get("_activation_children")
-    stock = base._apply_gate
+    implementations = options.get("implementations") or ()
+    stock_gate, stock_forward = base._apply_gate, base.forward
 
     def _apply_gate(self, gate_up_out):
         if activation_children(self) != activations:  # an activation replaced after fuse(): the stock gate's
-            return stock(self, gate_up_out)
+            return stock_gate(self, gate_up_out)
         gate, up = gate_up_out.chunk(2, dim=-1)
         return _ops.gated_mul(gate, up, activation)
-    return {"_apply_gate": _apply_gate}
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        if (_current_implementation(self) not in implementations or activation_children(self) != activations
+                or not fused_experts.takes(self)):
+            return stock_forward(self, hidden_states, top_k_index, top_k_weights)
+        return fused_experts.fused_experts(self, hidden_states, top_k_index, top_k_weights, activation)
+    return {"_apply_gate": _apply_gate, "forward": forward}
 
 
 class ExpertsGateRule(Rule):
     kind = "experts_gate"
     large_inputs = True
-    description = "experts' gate act(gate) * up -> gated_mul (between transformers' grouped expert products)"
+    description = ("experts -> moe_permute + moe_expert_mlp + moe_unpermute (the gathered rows, gate/up output and "
+                   "activation recomputed, not saved); their gate act(gate) * up -> gated_mul")
     needs_capture = True
 
     def candidates(self, model):
@@ -46,6 +62,9 @@ class ExpertsGateRule(Rule):
                 yield name, module
 
     def summary(self, options):
+        if options.get("implementations"):
+            return (f"the routed experts ({options['activation']} gate) through fused_ops' experts ops, which keep "
+                    "only the hidden states and the routing for the backward")
         return f"the experts' {options['activation']} gate x up as one op between transformers' expert products"
 
     def variants(self, module, context):
@@ -78,6 +97,22 @@ class ExpertsGateRule(Rule):
                 return
         raise probe.Mismatch("its forward never calls _apply_gate, on its own experts implementation or on "
                              f"{_PROOF_IMPLEMENTATION!r}")
+
+    def proven_options(self, module, options, context):
+        """The gate's options, and the experts implementations on which the experts ops are proven to compute
+        what the implementation does (none where the layout is not one they take)."""
+        if not fused_experts.takes(module) or _current_implementation(module) is None:
+            return options
+        inputs, proven = self.inputs(module, context), []
+        for implementation in fused_experts.STOCK_IMPLEMENTATIONS:
+            fused_cls = self.fused_class(module, tuple(options) + (("implementations", (implementation,)),))
+            try:
+                with _experts_implementation(module, implementation):
+                    probe.verify(module, fused_cls, inputs)
+            except probe.Mismatch:
+                continue
+            proven.append(implementation)
+        return tuple(options) + ((("implementations", tuple(proven)),) if proven else ())
 
 
 @contextlib.contextmanager

@@ -1,0 +1,75 @@
+// CPU reference of the experts' row kernels: plain loops in opmath over contiguous rows, rows in parallel.
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include "../common/dtype_dispatch.h"
+#include "../common/tensors.h"
+#include "moe.h"
+
+namespace fused_ops {
+namespace {
+
+// The pairs that belong to an expert: offsets' last end (0 without experts).
+int64_t paired_rows_cpu(const at::Tensor& offsets) {
+  return offsets.numel() == 0 ? 0 : offsets.select(0, -1).item<int64_t>();
+}
+
+}  // namespace
+
+at::Tensor moe_gather_cpu(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k) {
+  const at::Tensor rows = source.contiguous();
+  const at::Tensor pairs = order.contiguous();
+  const int64_t count = pairs.numel(), width = rows.size(1), end = paired_rows_cpu(offsets);
+  at::Tensor out = empty_contiguous({count, width}, rows.options());
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_gather_cpu", [&] {
+    const scalar_t* in = rows.const_data_ptr<scalar_t>();
+    const int64_t* pair = pairs.const_data_ptr<int64_t>();
+    scalar_t* result = out.data_ptr<scalar_t>();
+    at::parallel_for(0, count, 16, [&](int64_t begin, int64_t stop) {
+      for (int64_t s = begin; s < stop; ++s) {
+        scalar_t* row = result + s * width;
+        if (s >= end) {
+          std::fill(row, row + width, scalar_t(0));
+          continue;
+        }
+        const scalar_t* from = in + (pair[s] / top_k) * width;
+        std::copy(from, from + width, row);
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor moe_sum_pairs_cpu(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
+                             const at::Tensor& weights, int64_t top_k, int64_t tokens) {
+  const at::Tensor values = rows.contiguous();
+  const at::Tensor where = position.contiguous();
+  const int64_t width = values.size(1), end = paired_rows_cpu(offsets);
+  at::Tensor out = empty_contiguous({tokens, width}, values.options());
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_sum_pairs_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = weights.defined() ? weights.to(c10::CppTypeToScalarType<opmath_t>::value).contiguous()
+                                               : at::Tensor();
+    const opmath_t* weight = scale.defined() ? scale.const_data_ptr<opmath_t>() : nullptr;
+    const scalar_t* in = values.const_data_ptr<scalar_t>();
+    const int64_t* pair_position = where.const_data_ptr<int64_t>();
+    scalar_t* result = out.data_ptr<scalar_t>();
+    at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t stop) {
+      std::vector<opmath_t> sum(width);
+      for (int64_t t = begin; t < stop; ++t) {
+        std::fill(sum.begin(), sum.end(), opmath_t(0));
+        for (int64_t j = 0; j < top_k; ++j) {
+          const int64_t pair = t * top_k + j, at_row = pair_position[pair];
+          if (at_row >= end) continue;
+          const opmath_t factor = weight == nullptr ? opmath_t(1) : weight[pair];
+          const scalar_t* row = in + at_row * width;
+          for (int64_t c = 0; c < width; ++c) sum[c] += factor * static_cast<opmath_t>(row[c]);
+        }
+        for (int64_t c = 0; c < width; ++c) result[t * width + c] = static_cast<scalar_t>(sum[c]);
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace fused_ops

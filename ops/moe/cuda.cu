@@ -1,0 +1,145 @@
+// CUDA kernels of the experts' rows: one block per output row, each thread moving 16-byte vectors of it
+// (element by element where the rows are not 16-byte aligned). The end of the paired rows is read from
+// offsets on the device: no host synchronisation.
+#include <ATen/OpMathType.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "../common/cuda_launch.cuh"
+#include "../common/dtype_dispatch.h"
+#include "../common/tensors.h"
+#include "../common/vector.cuh"
+#include "moe.h"
+
+namespace fused_ops {
+namespace cuda {
+namespace {
+
+constexpr int kMoeRowThreads = 128;
+
+__device__ __forceinline__ int64_t paired_rows(const int* offsets, int64_t experts) {
+  return experts == 0 ? 0 : static_cast<int64_t>(offsets[experts - 1]);
+}
+
+// out[s] = source[order[s] / top_k] for s < end, else 0; vectors of kBytes.
+template <typename scalar_t, int kBytes>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_gather_kernel(const scalar_t* __restrict__ source,  // [T, width]
+                      const int64_t* __restrict__ order,    // [S]
+                      const int* __restrict__ offsets,      // [E]
+                      int64_t experts, int64_t top_k, int64_t width,
+                      scalar_t* __restrict__ out) {          // [S, width]
+  begin_dependent_kernel();
+  using Vector = Vec<scalar_t, kBytes>;
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = width / Vector::kSize;
+  Vector* to = reinterpret_cast<Vector*>(out + row * width);
+  if (row >= paired_rows(offsets, experts)) {
+    Vector zero;
+#pragma unroll
+    for (int i = 0; i < Vector::kSize; ++i) zero.values[i] = scalar_t(0);
+    for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) to[v] = zero;
+    return;
+  }
+  const Vector* from = reinterpret_cast<const Vector*>(source + (order[row] / top_k) * width);
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) to[v] = from[v];
+}
+
+// out[t] = sum_j weight(p) * rows[position[p]] for p = t * top_k + j with position[p] < end, in float32 (the
+// opmath type), j in order; vectors of kBytes.
+template <typename scalar_t, int kBytes>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_sum_pairs_kernel(const scalar_t* __restrict__ rows,                              // [S, width]
+                         const int64_t* __restrict__ position,                           // [T * top_k]
+                         const int* __restrict__ offsets,                                // [E]
+                         const at::opmath_type<scalar_t>* __restrict__ weights,  // [T * top_k] or null
+                         int64_t experts, int64_t top_k, int64_t width,
+                         scalar_t* __restrict__ out) {                                   // [T, width]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vector = Vec<scalar_t, kBytes>;
+  constexpr int kSize = Vector::kSize;
+  const int64_t token = blockIdx.x;
+  const int64_t end = paired_rows(offsets, experts);
+  const int64_t vectors = width / kSize;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    opmath_t sum[kSize];
+#pragma unroll
+    for (int i = 0; i < kSize; ++i) sum[i] = 0;
+    for (int64_t j = 0; j < top_k; ++j) {
+      const int64_t pair = token * top_k + j;
+      const int64_t at_row = position[pair];
+      if (at_row >= end) continue;
+      const opmath_t factor = weights == nullptr ? opmath_t(1) : weights[pair];
+      const Vector value = reinterpret_cast<const Vector*>(rows + at_row * width)[v];
+#pragma unroll
+      for (int i = 0; i < kSize; ++i) sum[i] += factor * static_cast<opmath_t>(value.values[i]);
+    }
+    Vector result;
+#pragma unroll
+    for (int i = 0; i < kSize; ++i) result.values[i] = static_cast<scalar_t>(sum[i]);
+    reinterpret_cast<Vector*>(out + token * width)[v] = result;
+  }
+}
+
+// 16-byte vectors where every row starts 16-byte aligned, else one element at a time.
+template <typename scalar_t, typename Launch>
+void with_row_vectors(const void* a, const void* b, int64_t width, const Launch& launch) {
+  if (is_aligned(a) && is_aligned(b) && (width * int64_t(sizeof(scalar_t))) % 16 == 0) {
+    launch(std::integral_constant<int, 16>{});
+  } else {
+    launch(std::integral_constant<int, int(sizeof(scalar_t))>{});
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
+at::Tensor moe_gather_cuda(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k) {
+  const c10::cuda::CUDAGuard guard(source.device());
+  const at::Tensor rows = source.contiguous();
+  const at::Tensor pairs = order.contiguous();
+  const at::Tensor ends = offsets.contiguous();
+  const int64_t count = pairs.numel(), width = rows.size(1);
+  at::Tensor out = empty_contiguous({count, width}, rows.options());
+  if (count == 0 || width == 0) return out;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_gather_cuda", [&] {
+    cuda::with_row_vectors<scalar_t>(rows.const_data_ptr(), out.data_ptr(), width, [&](auto bytes) {
+      cuda::launch_kernel(cuda::moe_gather_kernel<scalar_t, decltype(bytes)::value>,
+                          static_cast<unsigned int>(count), cuda::kMoeRowThreads, 0, stream,
+                          rows.const_data_ptr<scalar_t>(), pairs.const_data_ptr<int64_t>(),
+                          ends.const_data_ptr<int>(), ends.numel(), top_k, width, out.data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return out;
+}
+
+at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
+                              const at::Tensor& weights, int64_t top_k, int64_t tokens) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const at::Tensor values = rows.contiguous();
+  const at::Tensor where = position.contiguous();
+  const at::Tensor ends = offsets.contiguous();
+  const int64_t width = values.size(1);
+  at::Tensor out = empty_contiguous({tokens, width}, values.options());
+  if (tokens == 0 || width == 0) return out;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_sum_pairs_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = weights.defined() ? weights.to(c10::CppTypeToScalarType<opmath_t>::value).contiguous()
+                                               : at::Tensor();
+    const opmath_t* weight = scale.defined() ? scale.const_data_ptr<opmath_t>() : nullptr;
+    cuda::with_row_vectors<scalar_t>(values.const_data_ptr(), out.data_ptr(), width, [&](auto bytes) {
+      cuda::launch_kernel(cuda::moe_sum_pairs_kernel<scalar_t, decltype(bytes)::value>,
+                          static_cast<unsigned int>(tokens), cuda::kMoeRowThreads, 0, stream,
+                          values.const_data_ptr<scalar_t>(), where.const_data_ptr<int64_t>(),
+                          ends.const_data_ptr<int>(), weight, ends.numel(), top_k, width, out.data_ptr<scalar_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return out;
+}
+
+}  // namespace fused_ops

@@ -1,0 +1,249 @@
+// The experts' ops for every backend: ATen's sort and products (cuBLAS's grouped products on CUDA) around the
+// backend's row kernels (MoeRowKernels) and the fused gated_mul ops, through the dispatcher. The checks
+// (registration/checks_moe.cpp) have run.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/version.h>
+
+#include "moe.h"
+
+namespace fused_ops {
+namespace {
+
+at::Tensor gated_mul(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fused::gated_mul", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(gate, up, activation);
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
+                                                      const at::Tensor& up, c10::string_view activation) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("fused::gated_mul_backward", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                    c10::string_view)>();
+  return op.call(grad, gate, up, activation);
+}
+
+bool given(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && tensor->defined(); }
+
+// The dtype sums and dots run in: float64 for float64 operands, else float32.
+at::ScalarType sum_dtype(const at::Tensor& tensor) {
+  return tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// Whether torch's grouped product (cuBLAS / CUTLASS on the GPU) takes these operands: bfloat16 on CUDA with
+// 16-byte aligned rows; elsewhere one product per expert.
+bool takes_grouped_mm(const at::Tensor& a, const at::Tensor& b) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  const auto aligned = [](const at::Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0 && t.size(-1) % 8 == 0 && t.size(-2) % 8 == 0;
+  };
+  return a.is_cuda() && a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && aligned(a) &&
+         aligned(b);
+#else
+  return false;
+#endif
+}
+
+// rows [S, K] times each row's expert matrix: W_e^T of weight [E, N, K] (out_by_in) or W_e of [E, K, N]. Rows
+// from the last offset on are left as they come (zeros here, unwritten by the grouped product).
+at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& offsets,
+                           bool out_by_in) {
+  const at::Tensor matrices = out_by_in ? weight.transpose(-2, -1) : weight;  // [E, K, N]
+  const at::Tensor operand = rows.contiguous();
+  if (takes_grouped_mm(operand, matrices)) return at::_grouped_mm(operand, matrices, offsets);
+  at::Tensor out = at::zeros({operand.size(0), matrices.size(2)}, operand.options());
+  const at::Tensor ends = offsets.to(at::kCPU, at::kLong);
+  const int64_t* end = ends.const_data_ptr<int64_t>();
+  for (int64_t expert = 0, start = 0; expert < ends.numel(); start = end[expert], ++expert) {
+    if (end[expert] <= start) continue;
+    at::Tensor slice = out.narrow(0, start, end[expert] - start);
+    at::mm_out(slice, operand.narrow(0, start, end[expert] - start), matrices.select(0, expert));
+  }
+  return out;
+}
+
+// [E, N, K]: a_e^T @ b_e over each expert's rows of a [S, N] and b [S, K] (a weight's gradient); 0 for an
+// expert without rows.
+at::Tensor grouped_outer_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets) {
+  const at::Tensor left = a.contiguous(), right = b.contiguous();
+  if (takes_grouped_mm(left, right)) return at::_grouped_mm(left.t(), right, offsets);
+  const int64_t experts = offsets.numel();
+  at::Tensor out = at::zeros({experts, left.size(1), right.size(1)}, left.options());
+  const at::Tensor ends = offsets.to(at::kCPU, at::kLong);
+  const int64_t* end = ends.const_data_ptr<int64_t>();
+  for (int64_t expert = 0, start = 0; expert < experts; start = end[expert], ++expert) {
+    if (end[expert] <= start) continue;
+    at::Tensor slice = out.select(0, expert);
+    const int64_t count = end[expert] - start;
+    at::mm_out(slice, left.narrow(0, start, count).t(), right.narrow(0, start, count));
+  }
+  return out;
+}
+
+// [E, N] (sum_dtype): each expert's rows of values [S, N] summed, in a fixed order (segment sums, no atomics).
+at::Tensor expert_sums(const at::Tensor& values, const at::Tensor& offsets) {
+  const int64_t rows = values.size(0), experts = offsets.numel();
+  const at::Tensor bounds = at::cat({at::zeros({1}, offsets.options().dtype(at::kLong)), offsets.to(at::kLong),
+                                     at::full({1}, rows, offsets.options().dtype(at::kLong))});
+  const at::Tensor sums = at::segment_reduce(values.to(sum_dtype(values)), "sum", std::nullopt, std::nullopt, bounds, 0,
+                                             /*unsafe=*/true, at::Scalar(0.0));
+  return sums.narrow(0, 0, experts);
+}
+
+// Each row's expert [S] (rows past the last offset get the last expert: their values are masked).
+at::Tensor row_experts(const at::Tensor& offsets, int64_t rows) {
+  const at::Tensor row = at::arange(rows, offsets.options().dtype(at::kInt));
+  return at::searchsorted(offsets, row, /*out_int32=*/false, /*right=*/true).clamp_max(offsets.numel() - 1);
+}
+
+// [S, 1] bool: the rows of pairs of no expert.
+at::Tensor rows_past_end(const at::Tensor& offsets, int64_t rows) {
+  return at::arange(rows, offsets.options().dtype(at::kLong)).ge(offsets.select(0, -1)).unsqueeze(1);
+}
+
+// One pair's routing weight per row [S].
+at::Tensor row_weights(const at::Tensor& routing_weights, const at::Tensor& order) {
+  return routing_weights.reshape({-1}).index_select(0, order);
+}
+
+struct Recomputed {
+  at::Tensor x, gate, up, activation;
+};
+
+Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
+                              const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
+                              const at::Tensor& experts_of_rows, const MoeExpertOptions& options,
+                              const MoeRowKernels& kernels) {
+  Recomputed result;
+  result.x = kernels.gather(hidden, order, offsets, options.top_k);
+  at::Tensor gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
+  if (given(gate_up_bias)) gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
+  const int64_t width = gate_up.size(1) / 2;
+  result.gate = gate_up.narrow(1, 0, width);
+  result.up = gate_up.narrow(1, width, width);
+  result.activation = gated_mul(result.gate, result.up, options.activation);
+  return result;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> moe_permute(const at::Tensor& top_k_index, int64_t num_experts) {
+  const at::Tensor ids = top_k_index.reshape({-1}).to(at::kLong);
+  const at::Tensor keys = at::where(ids.ge(0).logical_and(ids.lt(num_experts)), ids, num_experts);
+  auto [sorted, order] = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
+  const at::Tensor experts = at::arange(num_experts, sorted.options());
+  return {order, at::searchsorted(sorted, experts, /*out_int32=*/true, /*right=*/true)};
+}
+
+at::Tensor moe_positions(const at::Tensor& order) {
+  return at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+}
+
+at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
+                          const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
+                          const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
+                          const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
+                          const MoeRowKernels& kernels) {
+  const int64_t rows = order.numel();
+  const at::Tensor experts_of_rows =
+      given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
+  const Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
+                                              options, kernels);
+  at::Tensor down = grouped_product(parts.activation, down_weight, offsets, !options.transposed);
+  if (given(down_bias)) down.add_(down_bias->index_select(0, experts_of_rows));
+  // The weight multiplies in the promoted dtype, as transformers' experts do; pairs of no expert give 0.
+  at::Tensor weighted = down * row_weights(routing_weights, order).unsqueeze(1);
+  return weighted.masked_fill_(rows_past_end(offsets, rows), 0);
+}
+
+SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
+                                   const at::Tensor& offsets, const at::Tensor& routing_weights,
+                                   const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                   const std::optional<at::Tensor>& gate_up_bias,
+                                   const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
+                                   std::array<bool, 6> output_mask, const MoeRowKernels& kernels) {
+  const int64_t rows = order.numel();
+  const at::Tensor past_end = rows_past_end(offsets, rows);
+  const at::Tensor experts_of_rows =
+      given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
+  const Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
+                                              options, kernels);
+  const at::Tensor weights = row_weights(routing_weights, order).unsqueeze(1);  // [S, 1]
+  const at::Tensor g = grad.to(down_weight.scalar_type()).masked_fill(past_end, 0);
+  // d loss / d activation before the routing weight: g W_down_e.
+  const at::Tensor h = grouped_product(g, down_weight, offsets, options.transposed);
+  auto empty = [](const at::Tensor& like) { return at::empty({0}, like.options()); };
+  at::Tensor grad_hidden = empty(hidden), grad_routing = empty(routing_weights);
+  at::Tensor grad_gate_up_weight = empty(gate_up_weight), grad_down_weight = empty(down_weight);
+  at::Tensor grad_gate_up_bias = empty(gate_up_weight), grad_down_bias = empty(down_weight);
+  if (output_mask[1]) {
+    // d loss / d w = dot(g, down output) = dot(g W_down_e, activation) + dot(g, b_down_e).
+    const at::ScalarType dtype = sum_dtype(h);
+    at::Tensor dots = (h.to(dtype) * parts.activation.to(dtype)).sum(1);
+    if (given(down_bias)) dots += (g.to(dtype) * down_bias->index_select(0, experts_of_rows).to(dtype)).sum(1);
+    dots.masked_fill_(past_end.squeeze(1), 0);
+    grad_routing = at::zeros({rows}, dots.options()).scatter_(0, order, dots).view(routing_weights.sizes())
+                       .to(routing_weights.scalar_type());
+  }
+  if (output_mask[3]) {
+    const at::Tensor weighted_activation = (parts.activation * weights).to(down_weight.scalar_type());
+    grad_down_weight = options.transposed ? grouped_outer_product(weighted_activation, g, offsets)
+                                          : grouped_outer_product(g, weighted_activation, offsets);
+  }
+  if (output_mask[5] && given(down_bias)) {
+    grad_down_bias = expert_sums(g * weights, offsets).to(down_bias->scalar_type());
+  }
+  if (output_mask[0] || output_mask[2] || output_mask[4]) {
+    const at::Tensor grad_activation = (h * weights).to(parts.activation.scalar_type());
+    auto [grad_gate, grad_up] = gated_mul_backward(grad_activation, parts.gate, parts.up, options.activation);
+    const at::Tensor grad_gate_up = at::cat({grad_gate, grad_up}, 1).masked_fill_(past_end, 0);
+    if (output_mask[2]) {
+      grad_gate_up_weight = options.transposed ? grouped_outer_product(parts.x, grad_gate_up, offsets)
+                                               : grouped_outer_product(grad_gate_up, parts.x, offsets);
+    }
+    if (output_mask[4] && given(gate_up_bias)) {
+      grad_gate_up_bias = expert_sums(grad_gate_up, offsets).to(gate_up_bias->scalar_type());
+    }
+    if (output_mask[0]) {
+      const at::Tensor grad_x = grouped_product(grad_gate_up, gate_up_weight, offsets, options.transposed);
+      grad_hidden = kernels.sum_pairs(grad_x, moe_positions(order), offsets, at::Tensor(), options.top_k,
+                                      hidden.size(0)).to(hidden.scalar_type());
+    }
+  }
+  return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
+}
+
+at::Tensor moe_unpermute(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,
+                         const std::optional<at::Tensor>& routing_weights, int64_t top_k, const MoeRowKernels& kernels) {
+  const at::Tensor weights = given(routing_weights) ? routing_weights->reshape({-1}) : at::Tensor();
+  return kernels.sum_pairs(rows, moe_positions(order), offsets, weights, top_k, order.numel() / top_k);
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad, const at::Tensor& rows,
+                                                          const at::Tensor& order, const at::Tensor& offsets,
+                                                          const std::optional<at::Tensor>& routing_weights,
+                                                          int64_t top_k, std::array<bool, 2> output_mask,
+                                                          const MoeRowKernels& kernels) {
+  const int64_t count = order.numel();
+  const at::Tensor gathered = kernels.gather(grad, order, offsets, top_k);  // grad of each pair's token, 0 past end
+  at::Tensor grad_rows = at::empty({0}, grad.options());
+  at::Tensor grad_routing = at::empty({0}, grad.options());
+  const at::ScalarType opmath = sum_dtype(grad);
+  if (output_mask[0]) {
+    const at::ScalarType dtype = rows.defined() ? rows.scalar_type() : grad.scalar_type();
+    grad_rows = given(routing_weights)
+                    ? (gathered.to(opmath) * row_weights(*routing_weights, order).to(opmath).unsqueeze(1)).to(dtype)
+                    : gathered.to(dtype);
+  }
+  if (output_mask[1] && given(routing_weights)) {
+    const at::Tensor dots = (gathered.to(opmath) * rows.to(opmath)).sum(1);
+    grad_routing = at::zeros({count}, dots.options()).scatter_(0, order, dots).view(routing_weights->sizes())
+                       .to(routing_weights->scalar_type());
+  }
+  return {grad_rows, grad_routing};
+}
+
+}  // namespace fused_ops

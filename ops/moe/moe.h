@@ -1,0 +1,79 @@
+#pragma once
+// Mixture-of-experts experts: a token t routed to top_k experts makes the pairs p = t * top_k + j (j < top_k),
+// pair p going to expert top_k_index[t, j] with routing weight routing_weights[t, j].
+//   moe_permute:      order [S] (the pairs sorted by expert, stable; pairs of no expert, ids outside
+//                     [0, E), last) and offsets [E] int32 (each expert's end in that order, as torch's grouped
+//                     products take them); end = offsets[E - 1] pairs belong to an expert.
+//   moe_expert_mlp:   rows [S, H], row s for pair p = order[s] of token t = p / top_k and expert e:
+//                     w_p * (act(x W_gate_e^T + b_gate_e) * (x W_up_e^T + b_up_e)) W_down_e^T + b_down_e) for
+//                     x = hidden[t], gate_up_weight [E, 2I, H] ([gate; up], or [E, H, 2I] transposed) and
+//                     down_weight [E, H, I] ([E, I, H] transposed); rows from end on are 0. Its autograd node
+//                     saves the op's inputs only: the backward gathers x, recomputes the gate/up product and the
+//                     activation, and takes each routing weight's gradient as dot(g W_down_e, activation) (no
+//                     [S, H] output kept).
+//   moe_unpermute:    out [T, H], out[t] = sum over j in order of w_p * rows[position of p] (w = 1 without
+//                     routing weights), pairs of no expert skipped; float32 sums, one rounding, no atomics.
+#include <ATen/ATen.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+namespace fused_ops {
+
+// The backend's row kernels (ops/moe/cpu.cpp, ops/moe/cuda.cu).
+struct MoeRowKernels {
+  // out [S, H]: out[s] = source[order[s] / top_k] for s < end, else 0.
+  at::Tensor (*gather)(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
+  // out [tokens, H] of rows' dtype: out[t] = sum_j weight(t * top_k + j) * rows[position[t * top_k + j]] over the
+  // pairs with position < end; weights: [tokens * top_k] or undefined (1).
+  at::Tensor (*sum_pairs)(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
+                          const at::Tensor& weights, int64_t top_k, int64_t tokens);
+};
+
+at::Tensor moe_gather_cpu(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
+at::Tensor moe_sum_pairs_cpu(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
+                             const at::Tensor& weights, int64_t top_k, int64_t tokens);
+at::Tensor moe_gather_cuda(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
+at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
+                              const at::Tensor& weights, int64_t top_k, int64_t tokens);
+
+struct MoeExpertOptions {
+  int64_t top_k = 1;
+  bool transposed = false;
+  c10::string_view activation = "silu";
+};
+
+// One implementation for every backend (ATen's sort and scans).
+std::tuple<at::Tensor, at::Tensor> moe_permute(const at::Tensor& top_k_index, int64_t num_experts);
+
+// position [S]: where each pair is in `order` (position[order[s]] = s).
+at::Tensor moe_positions(const at::Tensor& order);
+
+at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
+                          const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
+                          const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
+                          const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
+                          const MoeRowKernels& kernels);
+
+using SixTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// output_mask: hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias.
+SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
+                                   const at::Tensor& offsets, const at::Tensor& routing_weights,
+                                   const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                   const std::optional<at::Tensor>& gate_up_bias,
+                                   const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
+                                   std::array<bool, 6> output_mask, const MoeRowKernels& kernels);
+
+at::Tensor moe_unpermute(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,
+                         const std::optional<at::Tensor>& routing_weights, int64_t top_k, const MoeRowKernels& kernels);
+
+// output_mask: rows, routing_weights; rows (undefined: not needed) only for the routing weights' gradient.
+std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad, const at::Tensor& rows,
+                                                          const at::Tensor& order, const at::Tensor& offsets,
+                                                          const std::optional<at::Tensor>& routing_weights,
+                                                          int64_t top_k, std::array<bool, 2> output_mask,
+                                                          const MoeRowKernels& kernels);
+
+}  // namespace fused_ops

@@ -1,0 +1,101 @@
+"""transformers' experts implementation `"fused_ops"`: a mixture of experts' routed experts through this
+library's ops (moe_permute, moe_expert_mlp, moe_unpermute), which keep for the backward only the hidden states
+and the routing, where transformers' grouped products keep the gathered rows, the gate/up output and the
+activation of every pair.
+
+    fused_ops.experts.register()                  # makes "fused_ops" one of transformers' implementations
+    model.set_experts_implementation("fused_ops")
+
+`fused_ops.fuse(model)` selects it by itself for every experts module whose gate it proves. Experts this
+implementation cannot take (no gate, an interleaved gate/up layout, quantised weights, a gate that is not
+act(gate) * up for one of silu, gelu and tanh-gelu, as gpt-oss's clamped one) run transformers' grouped
+products instead: the result is the stock one either way.
+"""
+import torch
+
+from . import _ops
+from .patching.swap import holds_plain_tensors
+
+IMPLEMENTATION = "fused_ops"
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+# Implementations of transformers that compute the same function as this one (checked per family by fuse()).
+STOCK_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
+# The gate is proven on values of these scales: a clamp (gpt-oss clamps at 7) shows at the larger one.
+_PROOF_SCALES = (1.0, 1e3)
+_PROOF_RTOL = 1e-6
+
+
+def register() -> None:
+    """Registers `"fused_ops"` in transformers' ExpertsInterface (again: nothing changes)."""
+    from transformers.integrations.moe import ExpertsInterface
+    ExpertsInterface.register(IMPLEMENTATION, experts_forward)
+
+
+def takes(experts) -> bool:
+    """Whether the experts module's layout is one this implementation computes: a gate, [gate; up]
+    concatenated, plain 3-D weights (and biases)."""
+    if not (getattr(experts, "has_gate", False) and getattr(experts, "is_concatenated", True)):
+        return False
+    names = ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias")
+                                             if getattr(experts, "has_bias", False) else ())
+    if not holds_plain_tensors(experts, *names):
+        return False
+    gate_up, down = getattr(experts, "gate_up_proj", None), getattr(experts, "down_proj", None)
+    return isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == down.dim() == 3
+
+
+def gate_key(experts):
+    """What the gate's function depends on beyond its code: the classes of its method and activation."""
+    return type(experts).__dict__.get("_apply_gate", type(experts)._apply_gate), type(getattr(experts, "act_fn", None))
+
+
+def proven_activation(experts):
+    """The activation for which `experts._apply_gate(gate_up)` equals gated_mul(gate, up, activation) on random
+    float64 values at unit and large scale, or None. Cached on the module by gate_key."""
+    key = gate_key(experts)
+    cached = experts.__dict__.get("_fused_ops_gate")
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if torch.compiler.is_compiling():  # no proof while tracing: the stock products
+        return None
+    generator = torch.Generator().manual_seed(20261207)
+    values = torch.randn(7, 2 * 24, generator=generator, dtype=torch.float64)
+    found = None
+    for activation in ACTIVATIONS:
+        try:
+            with torch.no_grad():
+                matches = all(torch.allclose(experts._apply_gate(values * scale),
+                                             _ops.gated_mul(*(values * scale).chunk(2, dim=-1), activation),
+                                             rtol=_PROOF_RTOL, atol=0.0) for scale in _PROOF_SCALES)
+        except Exception:  # a gate that cannot run on float64 rows of this width proves nothing
+            matches = False
+        if matches:
+            found = activation
+            break
+    experts.__dict__["_fused_ops_gate"] = (key, found)
+    return found
+
+
+def fused_experts(experts, hidden_states, top_k_index, top_k_weights, activation):
+    """The experts' output through this library's ops, in hidden_states' dtype (the products in the weights'
+    dtype, as transformers' are)."""
+    weight_dtype = experts.gate_up_proj.dtype
+    has_bias = getattr(experts, "has_bias", False)
+    out = _ops.moe_experts(hidden_states.to(weight_dtype), top_k_index, top_k_weights, experts.gate_up_proj,
+                           experts.down_proj, experts.gate_up_proj_bias if has_bias else None,
+                           experts.down_proj_bias if has_bias else None, activation,
+                           bool(getattr(experts, "is_transposed", False)))
+    return out.to(hidden_states.dtype)
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """transformers' experts forward signature: (experts module, hidden states [T, H], top-k expert indices
+    [T, k], top-k routing weights [T, k]) -> [T, H]."""
+    activation = proven_activation(self) if takes(self) else None
+    if activation is None:
+        from transformers.integrations.moe import grouped_mm_experts_forward
+        return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
+    return fused_experts(self, hidden_states, top_k_index, top_k_weights, activation)
+
+
+

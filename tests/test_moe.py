@@ -1,0 +1,282 @@
+"""The experts' ops (moe_permute, moe_expert_mlp, moe_unpermute) on every dtype and device: the routed experts'
+output and every gradient (hidden states, routing weights, weights, biases) against a per-token float64 loop,
+for both weight layouts, each activation, pairs routed to no expert, experts with no pairs; what the
+backward keeps; gradcheck, opcheck, compile, export, TorchScript and bad input."""
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.library import opcheck
+
+import fused_ops
+from conftest import TOLERANCE, assert_bad_input_rejected
+
+ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def make_inputs(tokens, hidden, intermediate, experts, top_k, dtype, device, bias=False, transposed=False,
+                foreign=0.0, seed=0):
+    """Hidden states, top-k indices (some pairs routed to no expert where `foreign` > 0: an id of -1 or
+    `experts`, as expert parallelism marks experts of other ranks), routing weights, weights and biases."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=generator)
+    index = torch.stack([torch.randperm(experts, generator=generator)[:top_k] for _ in range(tokens)]) \
+        if tokens else torch.zeros(0, top_k, dtype=torch.long)
+    if foreign:
+        outside = torch.rand(tokens, top_k, generator=generator) < foreign
+        index = torch.where(outside, torch.where(torch.rand(tokens, top_k, generator=generator) < 0.5, -1, experts),
+                            index)
+    weights = torch.rand(tokens, top_k, generator=generator)
+    gate_up = torch.randn(experts, 2 * intermediate, hidden, generator=generator) / hidden ** 0.5
+    down = torch.randn(experts, hidden, intermediate, generator=generator) / intermediate ** 0.5
+    if transposed:
+        gate_up, down = gate_up.transpose(1, 2).contiguous(), down.transpose(1, 2).contiguous()
+    biases = (torch.randn(experts, 2 * intermediate, generator=generator),
+              torch.randn(experts, hidden, generator=generator)) if bias else (None, None)
+    cast = [t.to(device=device, dtype=dtype) if t is not None else None for t in (x, weights, gate_up, down, *biases)]
+    return cast[0], index.to(device), cast[1], cast[2], cast[3], cast[4], cast[5]
+
+
+def reference(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed):
+    """Token by token, expert by expert, in float64."""
+    experts = gate_up.shape[0]
+    rows = []
+    for t in range(x.shape[0]):
+        total = x[t] * 0
+        for j in range(index.shape[1]):
+            e = int(index[t, j])
+            if not 0 <= e < experts:
+                continue
+            w_gate_up = gate_up[e].T if transposed else gate_up[e]
+            w_down = down[e].T if transposed else down[e]
+            product = w_gate_up @ x[t] + (gate_up_bias[e] if gate_up_bias is not None else 0)
+            gate, up = product.chunk(2)
+            out = w_down @ (ACTIVATIONS[activation](gate) * up) + (down_bias[e] if down_bias is not None else 0)
+            total = total + weights[t, j] * out
+        rows.append(total)
+    return torch.stack(rows) if rows else x.new_zeros(x.shape)
+
+
+def check(inputs, activation="silu", transposed=False, dtype=torch.float32):
+    x, index, weights, gate_up, down, gate_up_bias, down_bias = inputs
+    leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down, gate_up_bias, down_bias) if t is not None]
+    out = fused_ops.moe_experts(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed)
+    leaves64 = [t.detach().double().cpu().requires_grad_(True) for t in leaves]
+    biases64 = leaves64[4:] + [None] * (6 - len(leaves64))
+    want = reference(leaves64[0], index.cpu(), leaves64[1], leaves64[2], leaves64[3], biases64[0], biases64[1],
+                     activation, transposed)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
+    tolerance = TOLERANCE[dtype] * 8
+    torch.testing.assert_close(out.double().cpu(), want.detach(), rtol=tolerance, atol=tolerance * scale)
+    if not want.numel():
+        return
+    grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    got = torch.autograd.grad(out, leaves, grad.to(out.device, out.dtype))
+    expected = [torch.zeros_like(leaf) if g is None else g
+                for g, leaf in zip(torch.autograd.grad(want, leaves64, grad, allow_unused=True), leaves64)]
+    for name, a, b in zip(("hidden", "routing weights", "gate_up", "down", "gate_up bias", "down bias"), got, expected):
+        bound = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.double().cpu(), b, rtol=tolerance, atol=tolerance * bound, msg=name)
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("transposed", [False, True], ids=["out_by_in", "transposed"])
+def test_values_and_gradients(device, dtype, activation, transposed):
+    inputs = make_inputs(9, 16, 8, 5, 2, dtype, device, transposed=transposed)
+    check(inputs, activation, transposed, dtype)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["out_by_in", "transposed"])
+def test_biases_and_pairs_of_no_expert(device, transposed):
+    """gpt-oss-style biases on both products; pairs routed to no expert (-1, or the expert count) add nothing;
+    some experts get no pair at all (7 experts, 5 tokens of top-2)."""
+    inputs = make_inputs(5, 16, 8, 7, 2, torch.float64, device, bias=True, transposed=transposed, foreign=0.3)
+    check(inputs, "gelu_tanh", transposed, torch.float64)
+
+
+def test_every_pair_routed_elsewhere_and_no_tokens(device):
+    inputs = make_inputs(4, 8, 4, 3, 2, torch.float64, device, foreign=1.0)
+    assert not ((inputs[1] >= 0) & (inputs[1] < 3)).any()
+    check(inputs, dtype=torch.float64)
+    check(make_inputs(0, 8, 4, 3, 2, torch.float64, device), dtype=torch.float64)
+
+
+def test_permute_is_a_stable_sort_by_expert(device):
+    index = torch.tensor([[2, 0], [1, 2], [4, -1], [0, 2]], device=device)
+    order, offsets = fused_ops.moe_permute(index, 4)
+    assert order.dtype == torch.int64 and offsets.dtype == torch.int32
+    # Pairs 0..7 go to experts 2, 0, 1, 2, none, none, 0, 2.
+    assert order.tolist() == [1, 6, 2, 0, 3, 7, 4, 5] and offsets.tolist() == [2, 3, 6, 6]
+    order32, offsets32 = fused_ops.moe_permute(index.int(), 4)
+    assert torch.equal(order32, order) and torch.equal(offsets32, offsets)
+
+
+def test_unpermute_weighted_sum_and_gradients(device, dtype):
+    """The weighted un-permute alone: each token's rows by its weights, and the gradients of both."""
+    generator = torch.Generator().manual_seed(5)
+    index = torch.randint(-1, 4, (6, 3), generator=generator).to(device)
+    order, offsets = fused_ops.moe_permute(index, 4)
+    rows = torch.randn(18, 16, generator=generator).to(device, dtype).requires_grad_(True)
+    weights = torch.rand(6, 3, generator=generator).to(device, dtype).requires_grad_(True)
+    out = fused_ops.moe_unpermute(rows, order, offsets, 3, weights)
+    rows64, weights64 = rows.detach().double().requires_grad_(True), weights.detach().double().requires_grad_(True)
+    position = torch.empty_like(order)
+    position[order] = torch.arange(18, device=device)
+    valid = (index >= 0).reshape(-1, 1).double()
+    want = (rows64[position] * valid * weights64.reshape(-1, 1)).reshape(6, 3, 16).sum(1)
+    tolerance = TOLERANCE[dtype] * 4
+    torch.testing.assert_close(out.double(), want, rtol=tolerance, atol=tolerance * 4)
+    grad = torch.randn(6, 16, generator=generator, dtype=torch.float64).to(device)
+    for a, b in zip(torch.autograd.grad(out, (rows, weights), grad.to(dtype)),
+                    torch.autograd.grad(want, (rows64, weights64), grad)):
+        torch.testing.assert_close(a.double(), b, rtol=tolerance, atol=tolerance * 8)
+
+
+def saved_bytes(function):
+    """The bytes of the tensors autograd saves while `function` runs, by shape."""
+    saved = []
+
+    def pack(tensor):
+        saved.append((tuple(tensor.shape), tensor.numel() * tensor.element_size()))
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        function()
+    return saved
+
+
+def test_backward_keeps_the_inputs_not_the_pairs_activations():
+    """What moe_experts keeps for the backward: its inputs and the routing, no [pairs, ...] activation; what
+    transformers' grouped products keep is many times that."""
+    tokens, hidden, intermediate, experts, top_k = 64, 32, 16, 8, 4
+    x, index, weights, gate_up, down, _, _ = make_inputs(tokens, hidden, intermediate, experts, top_k, torch.float32,
+                                                         "cpu")
+    for t in (x, weights, gate_up, down):
+        t.requires_grad_(True)
+    saved = saved_bytes(lambda: fused_ops.moe_experts(x, index, weights, gate_up, down))
+    activations = [shape for shape, _ in saved if len(shape) == 2 and shape[0] == tokens * top_k]
+    assert not activations, saved
+    inputs = {tuple(t.shape) for t in (x, weights, gate_up, down)}
+    assert {shape for shape, _ in saved if len(shape) > 1} <= inputs, saved
+
+
+def test_gradcheck(device):
+    x, index, weights, gate_up, down, gate_up_bias, down_bias = make_inputs(4, 6, 3, 3, 2, torch.float64, device,
+                                                                            bias=True, foreign=0.2)
+    order, offsets = fused_ops.moe_permute(index, 3)
+    leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down, gate_up_bias, down_bias)]
+
+    def experts(x, weights, gate_up, down, gate_up_bias, down_bias):
+        rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias,
+                                              "gelu", False)
+        return torch.ops.fused.moe_unpermute(rows, order, offsets, 2, weights)
+    assert torch.autograd.gradcheck(experts, leaves)
+
+
+def test_backward_ops_are_not_differentiable(device):
+    x, index, weights, gate_up, down, _, _ = make_inputs(4, 8, 4, 3, 2, torch.float64, device)
+    order, offsets = fused_ops.moe_permute(index, 3)
+    grad = torch.randn(8, 8, dtype=torch.float64, device=device, requires_grad=True)
+    with pytest.raises(RuntimeError, match="moe_expert_mlp_backward: not differentiable"):
+        torch.ops.fused.moe_expert_mlp_backward(grad, x, order, offsets, weights, gate_up, down, None, None, "silu",
+                                                False, [True] * 6)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("bias", [False, True])
+def test_opcheck(device, requires_grad, bias):
+    x, index, weights, gate_up, down, gate_up_bias, down_bias = make_inputs(5, 8, 4, 3, 2, torch.float32, device,
+                                                                            bias=bias, foreign=0.2)
+    opcheck(torch.ops.fused.moe_permute.default, (index, 3))
+    order, offsets = fused_ops.moe_permute(index, 3)
+    for t in (x, weights, gate_up, down, gate_up_bias, down_bias):
+        if t is not None:
+            t.requires_grad_(requires_grad)
+    opcheck(torch.ops.fused.moe_expert_mlp.default,
+            (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "silu", False))
+    rows = torch.randn(10, 8, device=device, requires_grad=requires_grad)
+    opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, weights))
+    opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, None))
+    grad = torch.randn(10, 8, device=device)
+    opcheck(torch.ops.fused.moe_expert_mlp_backward.default,
+            (grad, x.detach(), order, offsets, weights.detach(), gate_up.detach(), down.detach(),
+             None if gate_up_bias is None else gate_up_bias.detach(), None if down_bias is None else down_bias.detach(),
+             "silu", False, [True] * 6))
+    opcheck(torch.ops.fused.moe_unpermute_backward.default,
+            (torch.randn(5, 8, device=device), rows.detach(), order, offsets, 2, weights.detach(), [True, True]))
+    opcheck(torch.ops.fused.moe_unpermute_backward.default,
+            (torch.randn(5, 8, device=device), None, order, offsets, 2, None, [True, False]))
+
+
+class Experts(torch.nn.Module):
+    def forward(self, x, index, weights, gate_up, down):
+        order, offsets = torch.ops.fused.moe_permute(index, gate_up.shape[0])
+        rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, None, None, "silu", False)
+        return torch.ops.fused.moe_unpermute(rows, order, offsets, index.shape[1], None)
+
+
+def test_compile_fullgraph_dynamic_forward_and_backward(device):
+    compiled = torch.compile(Experts(), fullgraph=True, dynamic=True)
+    for tokens in (5, 9):
+        x, index, weights, gate_up, down, _, _ = make_inputs(tokens, 8, 4, 3, 2, torch.float32, device)
+        leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down)]
+        got_out = compiled(x, index, weights, gate_up, down)
+        want_out = Experts()(x, index, weights, gate_up, down)
+        torch.testing.assert_close(got_out, want_out)
+        got = torch.autograd.grad(got_out.square().sum(), leaves)
+        want = torch.autograd.grad(want_out.square().sum(), leaves)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+def test_export_keeps_the_three_ops(device):
+    inputs = make_inputs(6, 8, 4, 3, 2, torch.float32, device)[:5]
+    exported = torch.export.export(Experts(), inputs)
+    targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
+    for op in (torch.ops.fused.moe_permute.default, torch.ops.fused.moe_expert_mlp.default,
+               torch.ops.fused.moe_unpermute.default):
+        assert targets.count(op) == 1, targets
+    torch.testing.assert_close(exported.module()(*inputs), Experts()(*inputs))
+
+
+def test_torchscript_save_load_with_backward(device, tmp_path):
+    torch.jit.script(Experts()).save(str(tmp_path / "experts.pt"))
+    loaded = torch.jit.load(str(tmp_path / "experts.pt"))
+    x, index, weights, gate_up, down, _, _ = make_inputs(6, 8, 4, 3, 2, torch.float32, device)
+    x.requires_grad_(True)
+    got, want = loaded(x, index, weights, gate_up, down), Experts()(x, index, weights, gate_up, down)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0], torch.autograd.grad(want.sum(), x)[0])
+
+
+def test_torch_func_is_a_clear_error(device):
+    x, index, weights, gate_up, down, _, _ = make_inputs(4, 8, 4, 3, 2, torch.float32, device)
+    with pytest.raises(RuntimeError, match="moe_expert_mlp: torch.func transforms"):
+        torch.func.grad(lambda x: fused_ops.moe_experts(x, index, weights, gate_up, down).sum())(x)
+
+
+def _bad_cases(device):
+    x, index, weights, gate_up, down, _, _ = make_inputs(4, 8, 4, 3, 2, torch.float32, device)
+    order, offsets = fused_ops.moe_permute(index, 3)
+    mlp = torch.ops.fused.moe_expert_mlp
+    return [
+        (lambda: fused_ops.moe_permute(index.float(), 3), "moe_permute: expected top_k_index to be int64 or int32"),
+        (lambda: fused_ops.moe_permute(index, 0), "moe_permute: expected num_experts >= 1"),
+        (lambda: mlp(x, order, offsets.long(), weights, gate_up, down, None, None, "silu", False),
+         "moe_expert_mlp: expected offsets to be Int"),
+        (lambda: mlp(x, order[:-1], offsets, weights, gate_up, down, None, None, "silu", False),
+         "moe_expert_mlp: expected order of size tokens * top_k"),
+        (lambda: mlp(x, order, offsets, weights, gate_up.double(), down, None, None, "silu", False),
+         "moe_expert_mlp: expected gate_up_weight to have the same dtype as hidden_states"),
+        (lambda: mlp(x, order, offsets, weights, gate_up, down.transpose(1, 2), None, None, "silu", False),
+         "moe_expert_mlp: expected down_weight of shape [experts, 8, 4]"),
+        (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "relu", False), "moe_expert_mlp"),
+        (lambda: mlp(x, order, offsets, weights, gate_up, down, torch.zeros(3, 5, device=device), None, "silu", False),
+         "moe_expert_mlp: expected gate_up_bias of shape [experts = 3, 8]"),
+        (lambda: fused_ops.moe_unpermute(torch.zeros(8, 8, device=device), order, offsets, 3),
+         "moe_unpermute: expected top_k >= 1 dividing the pairs"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_bad_inputs(device, case):
+    assert_bad_input_rejected(_bad_cases(device), case)
