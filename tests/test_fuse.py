@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fused_ops
-from fused_ops.patching.swap import fused_kind
+from fused_ops.patching.swap import fused_class, fused_kind
 
 transformers = pytest.importorskip("transformers")
 from hf_families import Logits, assert_gradients_match_stock  # noqa: E402
@@ -437,10 +437,10 @@ def test_gemma3_image_text_model_fuses_its_head_and_loss_with_images():
 
 @pytest.mark.parametrize("implementation", ["grouped_mm", "batched_mm", "eager"])
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral", "gpt_oss"])
-def test_experts_gate_runs_as_gated_mul_between_transformers_products(model_type, implementation):
-    """The experts' `act(gate) * up` runs as gated_mul, once per MoE layer, under each experts
-    implementation that calls the gate (the eager loop does not: it computes its own, unchanged), with the
-    stock loss and gradients; gpt-oss's clamped gate is left alone, not proven."""
+def test_experts_run_as_the_experts_ops(model_type, implementation):
+    """The routed experts run as moe_permute + moe_expert_mlp + moe_unpermute, once per MoE layer, under each
+    experts implementation (each proven on its own), with the stock loss and gradients; gpt-oss's clamped gate
+    is left alone, not proven, and its experts run as they are."""
     import hf_families
     stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))
@@ -452,15 +452,58 @@ def test_experts_gate_runs_as_gated_mul_between_transformers_products(model_type
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     if model_type == "gpt_oss":
         assert not any(e.swapped for e in gates) and all("not proven" in e.detail for e in gates)
-        assert "gated_mul" not in calls, calls
+        assert "gated_mul" not in calls and "moe_expert_mlp" not in calls, calls
     else:
-        assert all(e.swapped and e.detail == "activation=silu" for e in gates), fused.fused_ops_report
-        assert calls.get("gated_mul", 0) == (0 if implementation == "eager" else len(gates)), calls
+        implementations = "('eager', 'grouped_mm', 'batched_mm')"
+        assert all(e.swapped and e.detail == f"activation=silu, implementations={implementations}"
+                   for e in gates), fused.fused_ops_report
+        for op in ("moe_permute", "moe_expert_mlp", "moe_unpermute"):
+            assert calls.get(op, 0) == len(gates), calls
     want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
     want.loss.backward()
     got.loss.backward()
     assert_gradients_match_stock(fused, stock)
+
+
+def test_experts_between_transformers_products_when_the_implementation_is_not_proven():
+    """An experts implementation fuse() did not prove (chosen after fuse()) runs the stock forward, whose
+    grouped products call the fused gate."""
+    import hf_families
+    stock = hf_families.build("qwen3_moe")
+    fused = fused_ops.fuse(copy.deepcopy(stock))
+    for layer in fused.model.layers:
+        experts = layer.mlp.experts
+        options = dict(type(experts)._fused_ops_options)
+        options["implementations"] = ("eager",)
+        experts.__class__ = fused_class(type(experts).__bases__[0], "experts_gate", tuple(options.items()))
+    for model in (stock, fused):
+        model.set_experts_implementation("grouped_mm")
+    ids = hf_families.batch(stock)
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    assert "moe_expert_mlp" not in calls and calls.get("gated_mul", 0) == len(fused.model.layers), calls
+    want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+
+
+def test_fused_ops_is_an_experts_implementation_to_choose():
+    """`fused_ops.experts.register()` makes "fused_ops" an experts implementation of transformers, chosen with
+    set_experts_implementation: the stock loss and gradients, the experts ops running; an experts module it
+    cannot prove (gpt-oss's clamped gate) runs transformers' grouped products instead."""
+    import hf_families
+    fused_ops.experts.register()
+    for model_type in ("qwen3_moe", "gpt_oss"):
+        stock = hf_families.build(model_type)
+        chosen = copy.deepcopy(stock)
+        chosen.set_experts_implementation("fused_ops")
+        ids = hf_families.batch(stock)
+        calls = hf_families.fused_op_calls(lambda: chosen(input_ids=ids, labels=ids))
+        assert (calls.get("moe_expert_mlp", 0) == stock.config.num_hidden_layers) == (model_type == "qwen3_moe"), calls
+        want, got = stock(input_ids=ids, labels=ids), chosen(input_ids=ids, labels=ids)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+        want.loss.backward()
+        got.loss.backward()
+        assert_gradients_match_stock(chosen, stock)
 
 
 @pytest.mark.parametrize("model_type, layout", [("llama", "rotate_half"), ("cohere", "interleaved"),

@@ -112,6 +112,8 @@ class ExpertsGateRule(Rule):
             except probe.Mismatch:
                 continue
             proven.append(implementation)
+        if proven:  # the model may then also be set to "fused_ops" itself
+            fused_experts.register()
         return tuple(options) + ((("implementations", tuple(proven)),) if proven else ())
 
 

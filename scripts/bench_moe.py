@@ -1,0 +1,143 @@
+"""Benchmark the experts' ops (moe_permute + moe_expert_mlp + moe_unpermute), forward + backward, against
+transformers' grouped_mm experts implementation (eager and under torch.compile) in one run on one GPU (bf16).
+
+A layer of Qwen3-30B-A3B by default: 8192 tokens, top-8 of 128 experts, H 2048, I 768, SiLU gate, router
+weights from a softmax over random logits. The loss weighs the output by a random tensor; gradients reach the
+hidden states, the routing weights and both weight tensors. For each variant: the median time (CUDA events),
+the peak memory above the inputs and the gradients, the activation memory its autograd graph keeps for the
+backward (saved tensors other than the inputs and weights, each storage once), and the output's and the
+gradients' distance from the grouped_mm path (norm-wise, relative). Rows go to the CSV in scripts/bench.py's
+format; everything to OUT/bench_moe.json.
+
+    python scripts/bench_moe.py [--csv docs/results.csv] [--out DIR] [--tokens 8192] [--repeats 10]
+"""
+import argparse
+import json
+import os
+import sys
+from datetime import date
+
+import torch
+
+import fused_ops
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench import append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, source_commit  # noqa: E402
+
+VARIANTS = ["fused", "eager", "compile"]  # eager / compile: transformers' grouped_mm implementation
+
+
+class Experts(torch.nn.Module):
+    """The attributes transformers' experts implementations read (a Qwen3-MoE experts module's)."""
+
+    def __init__(self, experts, hidden, intermediate, dtype, generator):
+        super().__init__()
+        self.gate_up_proj = torch.nn.Parameter(
+            (torch.randn(experts, 2 * intermediate, hidden, generator=generator) / hidden ** 0.5).to("cuda", dtype))
+        self.down_proj = torch.nn.Parameter(
+            (torch.randn(experts, hidden, intermediate, generator=generator) / intermediate ** 0.5).to("cuda", dtype))
+        self.num_experts, self.act_fn = experts, torch.nn.SiLU()
+        self.has_gate, self.has_bias, self.is_transposed, self.is_concatenated = True, False, False, True
+
+    def _apply_gate(self, gate_up):
+        gate, up = gate_up.chunk(2, dim=-1)
+        return self.act_fn(gate) * up
+
+
+def saved_activation_mb(step, excluded):
+    """MB of the distinct storages autograd saves during `step()`, other than those of `excluded` tensors."""
+    skip = {t.untyped_storage().data_ptr() for t in excluded}
+    seen = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = step()
+    del result
+    return sum(seen.values()) / 2**20
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--intermediate", type=int, default=768)
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--csv", default=None)
+    parser.add_argument("--out", default=".")
+    args = parser.parse_args()
+    from transformers.integrations.moe import grouped_mm_experts_forward
+
+    dtype, generator = torch.bfloat16, torch.Generator().manual_seed(0)
+    module = Experts(args.experts, args.hidden, args.intermediate, dtype, generator)
+    x = torch.randn(args.tokens, args.hidden, generator=generator).to("cuda", dtype).requires_grad_(True)
+    logits = torch.randn(args.tokens, args.experts, generator=generator).to("cuda")
+    top_values, index = torch.topk(logits.softmax(-1), args.top_k, dim=-1)
+    weights = (top_values / top_values.sum(-1, keepdim=True)).to(dtype).requires_grad_(True)
+    grad = torch.randn(args.tokens, args.hidden, generator=generator).to("cuda", dtype)
+    leaves = [x, weights, module.gate_up_proj, module.down_proj]
+
+    def stock(x, index, weights):
+        return grouped_mm_experts_forward(module, x, index, weights)
+
+    def fused(x, index, weights):
+        return fused_ops.moe_experts(x, index, weights, module.gate_up_proj, module.down_proj)
+    forwards = {"fused": fused, "eager": stock, "compile": torch.compile(stock)}
+
+    def backward_of(forward):
+        def step():
+            out = forward(x, index, weights)
+            return torch.autograd.grad(out, leaves, grad)
+        return step
+
+    reference = backward_of(stock)()
+    reference_out = stock(x, index, weights).detach()
+    copy_gbs = copy_bandwidth_gbs("cuda")
+    pairs = args.tokens * args.top_k
+    flops = 6 * pairs * args.hidden * 3 * args.intermediate  # three products forward, twice that backward
+    row = {"op": "moe_experts", "shape": [args.tokens, args.hidden, args.intermediate, args.experts, args.top_k],
+           "dtype": "bfloat16", "mode": "forward+backward"}
+    results = {}
+    for variant in VARIANTS:
+        step = backward_of(forwards[variant])
+        step()
+        torch.cuda.synchronize()
+        us = median_time_us(step, "cuda", pairs * args.hidden, args.repeats)
+        row[f"{variant}_us"] = us
+        row[f"{variant}_gbs"] = 0.0
+        row[f"{variant}_peak_mb"] = peak_memory_mb(step)
+        saved = saved_activation_mb(lambda: forwards[variant](x, index, weights), leaves)
+        with torch.no_grad():
+            out = forwards[variant](x, index, weights)
+        gradients = step()
+        results[variant] = {
+            "ms": us / 1e3, "tflops": flops / us / 1e6, "peak_mb": row[f"{variant}_peak_mb"], "saved_mb": saved,
+            "output_error_vs_grouped_mm": relative_error(out, reference_out),
+            "gradient_errors_vs_grouped_mm": [relative_error(g, r) for g, r in zip(gradients, reference)]}
+        print(variant, json.dumps(results[variant]), flush=True)
+    base = results["eager"]
+    summary = {"speedup_vs_grouped_mm": base["ms"] / results["fused"]["ms"],
+               "speedup_vs_compiled_grouped_mm": results["compile"]["ms"] / results["fused"]["ms"],
+               "saved_vs_grouped_mm": results["fused"]["saved_mb"] / max(base["saved_mb"], 1e-9),
+               "peak_vs_grouped_mm": results["fused"]["peak_mb"] / max(base["peak_mb"], 1e-9)}
+    print(json.dumps(summary), flush=True)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat(),
+              "commit": source_commit(), "copy_gbs": copy_gbs, "rows": [row], "variants": results, "summary": summary}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench_moe.json"), "w") as file:
+        json.dump(result, file, indent=1)
+    if args.csv:
+        append_csv(result, args.csv, "fused")
+
+
+if __name__ == "__main__":
+    main()
