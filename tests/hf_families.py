@@ -233,7 +233,7 @@ FULLY_FUSED = ["llama", "mistral", "ministral", "qwen2", "qwen3", "smollm3", "gr
 
 FUSED_OPS_OF_PART = {
     "norm": {"rms_norm", "add_rms_norm", "layer_norm", "add_layer_norm"},
-    "gated_mlp": {"gated_mul_linear", "gated_mul", "silu_mul_linear", "silu_mul", "gelu_mul"},
+    "gated_mlp": {"gated_mul_linear", "gated_mul", "silu_mul_linear", "silu_mul", "gelu_mul", "moe_expert_mlp"},
     "rotary": {"rotary_embedding"},
     "lm_head_loss": {"linear_cross_entropy", "linear_cross_entropy_with_gradients"},
 }
