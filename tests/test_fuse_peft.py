@@ -22,7 +22,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-FAMILIES = ["llama", "qwen3", "gemma3_text", "mixtral"]
+FAMILIES = ["llama", "qwen3", "gemma3_text", "mixtral", "qwen3_moe"]
 
 
 def with_lora(model, seed=3):
