@@ -395,6 +395,7 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("linear_log_probs_with_log_sum_exp", &NotDifferentiable<linear_log_probs_with_log_sum_exp_op>::call);
   m.impl("linear_log_probs_backward", &NotDifferentiable<linear_log_probs_backward_op>::call);
   using namespace fused_ops::moe_autograd;
+  m.impl("moe_permute", &moe_permute_autograd);
   m.impl("moe_expert_mlp", &moe_expert_mlp_autograd);
   m.impl("moe_expert_mlp_backward", &NotDifferentiable<moe_expert_mlp_backward_op>::call);
   m.impl("moe_unpermute", &moe_unpermute_autograd);

@@ -13,6 +13,7 @@ using TwoTensors = std::tuple<at::Tensor, at::Tensor>;
 using OptionalTensor = std::optional<at::Tensor>;
 using TensorRef = const at::Tensor&;
 
+inline const FusedOp<TwoTensors(TensorRef, int64_t)> moe_permute_op{"fused::moe_permute"};
 inline const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&,
                                 const OptionalTensor&, c10::string_view, bool)>
     moe_expert_mlp_op{"fused::moe_expert_mlp"};
@@ -98,6 +99,11 @@ void check_no_transform(const char* op, const Arguments&... arguments) {
               ": torch.func transforms (grad, vjp, jvp, vmap) and forward-mode AD are not supported by the experts' "
               "ops; transformers' own experts implementations compute the same there (a model patched by "
               "fused_ops.fuse() runs them under a transform by itself)");
+}
+
+// Integer results of integer indices: nothing to differentiate.
+inline TwoTensors moe_permute_autograd(const at::Tensor& top_k_index, int64_t num_experts) {
+  return moe_permute_op.below_autograd(top_k_index, num_experts);
 }
 
 inline at::Tensor moe_expert_mlp_autograd(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,

@@ -15,7 +15,8 @@
 using namespace fused_ops;
 
 namespace {
-constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu};
+constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu, &moe_zero_rows_past_end_cpu,
+                                         &moe_routing_backward_cpu};
 using Moe = MoeBackend<&kMoeRowKernels>;
 }  // namespace
 

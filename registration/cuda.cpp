@@ -15,7 +15,8 @@
 using namespace fused_ops;
 
 namespace {
-constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cuda, &moe_sum_pairs_cuda};
+constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cuda, &moe_sum_pairs_cuda, &moe_zero_rows_past_end_cuda,
+                                         &moe_routing_backward_cuda};
 using Moe = MoeBackend<&kMoeRowKernels>;
 }  // namespace
 

@@ -77,8 +77,8 @@ def test_every_op_has_every_kernel():
     ops = sorted({schema.name for schema in torch._C._jit_get_all_schemas() if schema.name.startswith("fused::")})
     assert len(ops) >= 16
     composites = [op for op in ops if torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeExplicitAutograd")]
-    assert composites == ["fused::gated_mul_linear", "fused::gated_mul_linear_backward", "fused::silu_mul_linear",
-                          "fused::silu_mul_linear_backward"]
+    assert composites == ["fused::gated_mul_linear", "fused::gated_mul_linear_backward", "fused::moe_permute",
+                          "fused::silu_mul_linear", "fused::silu_mul_linear_backward"]
     for op in ops:
         assert torch._C._dispatch_has_kernel_for_dispatch_key(op, "Autograd"), op
         if op in composites:

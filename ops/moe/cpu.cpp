@@ -72,4 +72,39 @@ at::Tensor moe_sum_pairs_cpu(const at::Tensor& rows, const at::Tensor& position,
   return out;
 }
 
+void moe_zero_rows_past_end_cpu(const at::Tensor& rows, const at::Tensor& offsets) {
+  const int64_t end = std::min(paired_rows_cpu(offsets), rows.size(0));
+  if (end < rows.size(0)) rows.narrow(0, end, rows.size(0) - end).zero_();
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cpu(const at::Tensor& h, const at::Tensor& activation,
+                                                            const at::Tensor& row_weights) {
+  const at::Tensor gradient = h.contiguous(), values = activation.contiguous();
+  const int64_t rows = gradient.size(0), width = gradient.size(1);
+  at::Tensor grad_activation = empty_contiguous({rows, width}, values.options());
+  const at::ScalarType opmath_type = at::toOpMathType(values.scalar_type());
+  at::Tensor dots = at::empty({rows}, values.options().dtype(opmath_type));
+  const at::Tensor weights = row_weights.to(opmath_type).contiguous();
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_routing_backward_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* g = gradient.const_data_ptr<scalar_t>();
+    const scalar_t* a = values.const_data_ptr<scalar_t>();
+    const opmath_t* w = weights.const_data_ptr<opmath_t>();
+    scalar_t* out = grad_activation.data_ptr<scalar_t>();
+    opmath_t* dot = dots.data_ptr<opmath_t>();
+    at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t stop) {
+      for (int64_t s = begin; s < stop; ++s) {
+        opmath_t sum = 0;
+        for (int64_t c = 0; c < width; ++c) {
+          const opmath_t value = static_cast<opmath_t>(g[s * width + c]);
+          sum += value * static_cast<opmath_t>(a[s * width + c]);
+          out[s * width + c] = static_cast<scalar_t>(value * w[s]);
+        }
+        dot[s] = sum;
+      }
+    });
+  });
+  return {grad_activation, dots};
+}
+
 }  // namespace fused_ops

@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "../common/cuda_device.cuh"
 #include "../common/cuda_launch.cuh"
 #include "../common/dtype_dispatch.h"
 #include "../common/tensors.h"
@@ -82,6 +83,58 @@ __global__ void __launch_bounds__(kMoeRowThreads)
   }
 }
 
+// Rows from end on set to 0: a grid-stride loop over those rows only (blocks find none where no pair lacks an
+// expert).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_zero_rows_past_end_kernel(scalar_t* __restrict__ rows,        // [S, width]
+                                  const int* __restrict__ offsets,  // [E]
+                                  int64_t experts, int64_t count, int64_t width) {
+  begin_dependent_kernel();
+  for (int64_t row = paired_rows(offsets, experts) + blockIdx.x; row < count; row += gridDim.x) {
+    for (int64_t c = threadIdx.x; c < width; c += blockDim.x) rows[row * width + c] = scalar_t(0);
+  }
+}
+
+constexpr int kWarpsPerBlock = 8;
+
+// One warp a row: grad_activation = h * weight (rounded once) and dot(h, activation) in opmath.
+template <typename scalar_t, int kBytes>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    moe_routing_backward_kernel(const scalar_t* __restrict__ h,                          // [S, width]
+                                const scalar_t* __restrict__ activation,                 // [S, width]
+                                const at::opmath_type<scalar_t>* __restrict__ weights,  // [S]
+                                int64_t count, int64_t width,
+                                scalar_t* __restrict__ grad_activation,                  // [S, width]
+                                at::opmath_type<scalar_t>* __restrict__ dots) {          // [S]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  using Vector = Vec<scalar_t, kBytes>;
+  constexpr int kSize = Vector::kSize;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= count) return;
+  const opmath_t weight = weights[row];
+  const Vector* h_row = reinterpret_cast<const Vector*>(h + row * width);
+  const Vector* a_row = reinterpret_cast<const Vector*>(activation + row * width);
+  Vector* out_row = reinterpret_cast<Vector*>(grad_activation + row * width);
+  opmath_t sum = 0;
+  for (int64_t v = lane; v < width / kSize; v += 32) {
+    const Vector g = h_row[v], a = a_row[v];
+    Vector out;
+#pragma unroll
+    for (int i = 0; i < kSize; ++i) {
+      const opmath_t value = static_cast<opmath_t>(g.values[i]);
+      sum += value * static_cast<opmath_t>(a.values[i]);
+      out.values[i] = static_cast<scalar_t>(value * weight);
+    }
+    out_row[v] = out;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) dots[row] = sum;
+}
+
 // 16-byte vectors where every row starts 16-byte aligned, else one element at a time.
 template <typename scalar_t, typename Launch>
 void with_row_vectors(const void* a, const void* b, int64_t width, const Launch& launch) {
@@ -114,6 +167,45 @@ at::Tensor moe_gather_cuda(const at::Tensor& source, const at::Tensor& order, co
     });
   });
   return out;
+}
+
+void moe_zero_rows_past_end_cuda(const at::Tensor& rows, const at::Tensor& offsets) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const int64_t count = rows.size(0), width = rows.size(1);
+  if (count == 0 || width == 0) return;
+  const at::Tensor ends = offsets.contiguous();
+  const unsigned int blocks = static_cast<unsigned int>(std::min<int64_t>(count, 4 * cuda::sm_count()));
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_zero_rows_past_end_cuda", [&] {
+    cuda::launch_kernel(cuda::moe_zero_rows_past_end_kernel<scalar_t>, blocks, cuda::kMoeRowThreads, 0,
+                        at::cuda::getCurrentCUDAStream(), rows.data_ptr<scalar_t>(), ends.const_data_ptr<int>(),
+                        ends.numel(), count, width);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cuda(const at::Tensor& h, const at::Tensor& activation,
+                                                             const at::Tensor& row_weights) {
+  const c10::cuda::CUDAGuard guard(h.device());
+  const at::Tensor gradient = h.contiguous(), values = activation.contiguous();
+  const int64_t count = gradient.size(0), width = gradient.size(1);
+  at::Tensor grad_activation = empty_contiguous({count, width}, values.options());
+  const at::ScalarType opmath_type = at::toOpMathType(values.scalar_type());
+  at::Tensor dots = at::empty({count}, values.options().dtype(opmath_type));
+  if (count == 0) return {grad_activation, dots};
+  const at::Tensor weights = row_weights.to(opmath_type).contiguous();
+  const unsigned int blocks = static_cast<unsigned int>((count + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock);
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_routing_backward_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    cuda::with_row_vectors<scalar_t>(gradient.const_data_ptr(), values.const_data_ptr(), width, [&](auto bytes) {
+      cuda::launch_kernel(cuda::moe_routing_backward_kernel<scalar_t, decltype(bytes)::value>, blocks,
+                          cuda::kWarpsPerBlock * 32, 0, at::cuda::getCurrentCUDAStream(),
+                          gradient.const_data_ptr<scalar_t>(), values.const_data_ptr<scalar_t>(),
+                          weights.const_data_ptr<opmath_t>(), count, width, grad_activation.data_ptr<scalar_t>(),
+                          dots.data_ptr<opmath_t>());
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return {grad_activation, dots};
 }
 
 at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,

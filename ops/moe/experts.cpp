@@ -1,5 +1,5 @@
-// The experts' ops for every backend: ATen's sort and products (cuBLAS's grouped products on CUDA) around the
-// backend's row kernels (MoeRowKernels) and the fused gated_mul ops, through the dispatcher. The checks
+// The experts' ops for every backend: ATen's sort and products (torch's grouped products on CUDA) around the
+// backend's row kernels (MoeRowKernels) and the fused silu_mul / gelu_mul ops, through the dispatcher. The checks
 // (registration/checks_moe.cpp) have run.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/version.h>
@@ -9,21 +9,31 @@
 namespace fused_ops {
 namespace {
 
-at::Tensor gated_mul(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
+// The gated activation of [S, 2I] rows ([gate; up]) and its gradient, through the registered silu_mul and
+// gelu_mul ops (the contiguous layout's fast kernels).
+at::Tensor gated_activation(const at::Tensor& gate_up, c10::string_view activation) {
+  if (activation == "silu") {
+    static const auto op =
+        c10::Dispatcher::singleton().findSchemaOrThrow("fused::silu_mul", "").typed<at::Tensor(const at::Tensor&)>();
+    return op.call(gate_up);
+  }
   static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gated_mul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(gate, up, activation);
+                             .findSchemaOrThrow("fused::gelu_mul", "")
+                             .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
+  return op.call(gate_up, activation == "gelu" ? "none" : "tanh");
 }
 
-std::tuple<at::Tensor, at::Tensor> gated_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
-                                                      const at::Tensor& up, c10::string_view activation) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fused::gated_mul_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    c10::string_view)>();
-  return op.call(grad, gate, up, activation);
+at::Tensor gated_activation_backward(const at::Tensor& grad, const at::Tensor& gate_up, c10::string_view activation) {
+  if (activation == "silu") {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fused::silu_mul_backward", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+    return op.call(grad, gate_up);
+  }
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("fused::gelu_mul_backward", "")
+                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
+  return op.call(grad, gate_up, activation == "gelu" ? "none" : "tanh");
 }
 
 bool given(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && tensor->defined(); }
@@ -99,32 +109,25 @@ at::Tensor row_experts(const at::Tensor& offsets, int64_t rows) {
   return at::searchsorted(offsets, row, /*out_int32=*/false, /*right=*/true).clamp_max(offsets.numel() - 1);
 }
 
-// [S, 1] bool: the rows of pairs of no expert.
-at::Tensor rows_past_end(const at::Tensor& offsets, int64_t rows) {
-  return at::arange(rows, offsets.options().dtype(at::kLong)).ge(offsets.select(0, -1)).unsqueeze(1);
-}
-
 // One pair's routing weight per row [S].
 at::Tensor row_weights(const at::Tensor& routing_weights, const at::Tensor& order) {
   return routing_weights.reshape({-1}).index_select(0, order);
 }
 
 struct Recomputed {
-  at::Tensor x, gate, up, activation;
+  at::Tensor x, gate_up, activation;
 };
 
+// The gathered rows, the gate/up product and the activation of every pair.
 Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
                               const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
                               const at::Tensor& experts_of_rows, const MoeExpertOptions& options,
                               const MoeRowKernels& kernels) {
   Recomputed result;
   result.x = kernels.gather(hidden, order, offsets, options.top_k);
-  at::Tensor gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
-  if (given(gate_up_bias)) gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
-  const int64_t width = gate_up.size(1) / 2;
-  result.gate = gate_up.narrow(1, 0, width);
-  result.up = gate_up.narrow(1, width, width);
-  result.activation = gated_mul(result.gate, result.up, options.activation);
+  result.gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
+  if (given(gate_up_bias)) result.gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
+  result.activation = gated_activation(result.gate_up, options.activation);
   return result;
 }
 
@@ -150,13 +153,17 @@ at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, con
   const int64_t rows = order.numel();
   const at::Tensor experts_of_rows =
       given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
-  const Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
-                                              options, kernels);
+  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
+                                        options, kernels);
+  parts.gate_up = at::Tensor();
+  // The routing weight scales the activation before the (linear) down product: one pass over [S, I] rather
+  // than over [S, H].
+  const at::Tensor weights = row_weights(routing_weights, order).unsqueeze(1);
+  parts.activation.mul_(weights);
   at::Tensor down = grouped_product(parts.activation, down_weight, offsets, !options.transposed);
-  if (given(down_bias)) down.add_(down_bias->index_select(0, experts_of_rows));
-  // The weight multiplies in the promoted dtype, as transformers' experts do; pairs of no expert give 0.
-  at::Tensor weighted = down * row_weights(routing_weights, order).unsqueeze(1);
-  return weighted.masked_fill_(rows_past_end(offsets, rows), 0);
+  if (given(down_bias)) down.add_(down_bias->index_select(0, experts_of_rows) * weights);
+  kernels.zero_rows_past_end(down, offsets);  // pairs of no expert give 0
+  return down.to(at::promote_types(hidden.scalar_type(), routing_weights.scalar_type()));
 }
 
 SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
@@ -166,52 +173,62 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
                                    const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
                                    std::array<bool, 6> output_mask, const MoeRowKernels& kernels) {
   const int64_t rows = order.numel();
-  const at::Tensor past_end = rows_past_end(offsets, rows);
   const at::Tensor experts_of_rows =
       given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
-  const Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
-                                              options, kernels);
-  const at::Tensor weights = row_weights(routing_weights, order).unsqueeze(1);  // [S, 1]
-  const at::Tensor g = grad.to(down_weight.scalar_type()).masked_fill(past_end, 0);
-  // d loss / d activation before the routing weight: g W_down_e.
-  const at::Tensor h = grouped_product(g, down_weight, offsets, options.transposed);
+  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
+                                        options, kernels);
+  const at::Tensor weights = row_weights(routing_weights, order);  // [S]
+  // Rows from the last offset on are never read below (the products and sums stop there), whatever they hold.
+  const at::Tensor g = grad.to(down_weight.scalar_type());
   auto empty = [](const at::Tensor& like) { return at::empty({0}, like.options()); };
   at::Tensor grad_hidden = empty(hidden), grad_routing = empty(routing_weights);
   at::Tensor grad_gate_up_weight = empty(gate_up_weight), grad_down_weight = empty(down_weight);
   at::Tensor grad_gate_up_bias = empty(gate_up_weight), grad_down_bias = empty(down_weight);
-  if (output_mask[1]) {
-    // d loss / d w = dot(g, down output) = dot(g W_down_e, activation) + dot(g, b_down_e).
-    const at::ScalarType dtype = sum_dtype(h);
-    at::Tensor dots = (h.to(dtype) * parts.activation.to(dtype)).sum(1);
-    if (given(down_bias)) dots += (g.to(dtype) * down_bias->index_select(0, experts_of_rows).to(dtype)).sum(1);
-    dots.masked_fill_(past_end.squeeze(1), 0);
-    grad_routing = at::zeros({rows}, dots.options()).scatter_(0, order, dots).view(routing_weights.sizes())
-                       .to(routing_weights.scalar_type());
-  }
   if (output_mask[3]) {
-    const at::Tensor weighted_activation = (parts.activation * weights).to(down_weight.scalar_type());
+    const at::Tensor weighted_activation =
+        (parts.activation * weights.unsqueeze(1)).to(parts.activation.scalar_type());
     grad_down_weight = options.transposed ? grouped_outer_product(weighted_activation, g, offsets)
                                           : grouped_outer_product(g, weighted_activation, offsets);
   }
   if (output_mask[5] && given(down_bias)) {
-    grad_down_bias = expert_sums(g * weights, offsets).to(down_bias->scalar_type());
+    grad_down_bias = expert_sums(g * weights.unsqueeze(1), offsets).to(down_bias->scalar_type());
   }
-  if (output_mask[0] || output_mask[2] || output_mask[4]) {
-    const at::Tensor grad_activation = (h * weights).to(parts.activation.scalar_type());
-    auto [grad_gate, grad_up] = gated_mul_backward(grad_activation, parts.gate, parts.up, options.activation);
-    const at::Tensor grad_gate_up = at::cat({grad_gate, grad_up}, 1).masked_fill_(past_end, 0);
-    if (output_mask[2]) {
-      grad_gate_up_weight = options.transposed ? grouped_outer_product(parts.x, grad_gate_up, offsets)
-                                               : grouped_outer_product(grad_gate_up, parts.x, offsets);
+  const bool input_side = output_mask[0] || output_mask[2] || output_mask[4];
+  if (!output_mask[1] && !input_side) {
+    return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
+  }
+  // d loss / d (weighted activation) = g W_down_e; the activation's gradient is that times the weight, and the
+  // weight's is its dot with the activation (+ dot(g, b_down_e)).
+  auto [grad_activation, dots] =
+      kernels.routing_backward(grouped_product(g, down_weight, offsets, options.transposed), parts.activation, weights);
+  parts.activation = at::Tensor();
+  if (output_mask[1]) {
+    if (given(down_bias)) {
+      dots += (g.to(dots.scalar_type()) * down_bias->index_select(0, experts_of_rows).to(dots.scalar_type())).sum(1);
     }
-    if (output_mask[4] && given(gate_up_bias)) {
-      grad_gate_up_bias = expert_sums(grad_gate_up, offsets).to(gate_up_bias->scalar_type());
-    }
-    if (output_mask[0]) {
-      const at::Tensor grad_x = grouped_product(grad_gate_up, gate_up_weight, offsets, options.transposed);
-      grad_hidden = kernels.sum_pairs(grad_x, moe_positions(order), offsets, at::Tensor(), options.top_k,
-                                      hidden.size(0)).to(hidden.scalar_type());
-    }
+    dots.masked_fill_(at::arange(rows, offsets.options().dtype(at::kLong)).ge(offsets.select(0, -1)), 0);
+    grad_routing = at::zeros({rows}, dots.options()).scatter_(0, order, dots).view(routing_weights.sizes())
+                       .to(routing_weights.scalar_type());
+  }
+  if (!input_side) {
+    return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
+  }
+  at::Tensor grad_gate_up = gated_activation_backward(grad_activation, parts.gate_up, options.activation);
+  grad_activation = at::Tensor();
+  parts.gate_up = at::Tensor();
+  if (output_mask[2]) {
+    grad_gate_up_weight = options.transposed ? grouped_outer_product(parts.x, grad_gate_up, offsets)
+                                             : grouped_outer_product(grad_gate_up, parts.x, offsets);
+  }
+  parts.x = at::Tensor();
+  if (output_mask[4] && given(gate_up_bias)) {
+    grad_gate_up_bias = expert_sums(grad_gate_up, offsets).to(gate_up_bias->scalar_type());
+  }
+  if (output_mask[0]) {
+    const at::Tensor grad_x = grouped_product(grad_gate_up, gate_up_weight, offsets, options.transposed);
+    grad_gate_up = at::Tensor();
+    grad_hidden = kernels.sum_pairs(grad_x, moe_positions(order), offsets, at::Tensor(), options.top_k,
+                                    hidden.size(0)).to(hidden.scalar_type());
   }
   return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
 }

@@ -29,14 +29,26 @@ struct MoeRowKernels {
   // pairs with position < end; weights: [tokens * top_k] or undefined (1).
   at::Tensor (*sum_pairs)(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
                           const at::Tensor& weights, int64_t top_k, int64_t tokens);
+  // rows [S, N] contiguous: the rows from end on set to 0, in place (no others touched).
+  void (*zero_rows_past_end)(const at::Tensor& rows, const at::Tensor& offsets);
+  // For h [S, I] (d loss / d (weighted activation)), the activation [S, I] and one routing weight a row
+  // (opmath [S]): (h * weight in the activation's dtype, dot(h, activation) a row in opmath), one pass.
+  std::tuple<at::Tensor, at::Tensor> (*routing_backward)(const at::Tensor& h, const at::Tensor& activation,
+                                                         const at::Tensor& row_weights);
 };
 
 at::Tensor moe_gather_cpu(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
 at::Tensor moe_sum_pairs_cpu(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
                              const at::Tensor& weights, int64_t top_k, int64_t tokens);
+void moe_zero_rows_past_end_cpu(const at::Tensor& rows, const at::Tensor& offsets);
+std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cpu(const at::Tensor& h, const at::Tensor& activation,
+                                                            const at::Tensor& row_weights);
 at::Tensor moe_gather_cuda(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
 at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position, const at::Tensor& offsets,
                               const at::Tensor& weights, int64_t top_k, int64_t tokens);
+void moe_zero_rows_past_end_cuda(const at::Tensor& rows, const at::Tensor& offsets);
+std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cuda(const at::Tensor& h, const at::Tensor& activation,
+                                                             const at::Tensor& row_weights);
 
 struct MoeExpertOptions {
   int64_t top_k = 1;
