@@ -15,11 +15,11 @@ using TensorRef = const at::Tensor&;
 
 inline const FusedOp<TwoTensors(TensorRef, int64_t)> moe_permute_op{"fused::moe_permute"};
 inline const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&,
-                                const OptionalTensor&, c10::string_view, bool)>
+                                const OptionalTensor&, c10::string_view, bool, bool, double, double)>
     moe_expert_mlp_op{"fused::moe_expert_mlp"};
 inline const FusedOp<SixTensors(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef,
-                                const OptionalTensor&, const OptionalTensor&, c10::string_view, bool,
-                                std::array<bool, 6>)>
+                                const OptionalTensor&, const OptionalTensor&, c10::string_view, bool, bool, double,
+                                double, std::array<bool, 6>)>
     moe_expert_mlp_backward_op{"fused::moe_expert_mlp_backward"};
 inline const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, int64_t, const OptionalTensor&)> moe_unpermute_op{
     "fused::moe_unpermute"};
@@ -37,7 +37,8 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
                             const at::Tensor& offsets, const at::Tensor& routing_weights,
                             const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                             const OptionalTensor& gate_up_bias, const OptionalTensor& down_bias,
-                            c10::string_view activation, bool transposed) {
+                            c10::string_view activation, bool transposed, bool interleaved, double alpha,
+                            double limit) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     ctx->save_for_backward({hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
                             gate_up_bias.value_or(at::Tensor()), down_bias.value_or(at::Tensor())});
@@ -46,8 +47,11 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
     ctx->saved_data["down_bias_needs_grad"] = requires_grad(down_bias);
     ctx->saved_data["activation"] = std::string(activation);
     ctx->saved_data["transposed"] = transposed;
+    ctx->saved_data["interleaved"] = interleaved;
+    ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["limit"] = limit;
     return moe_expert_mlp_op(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
-                             down_bias, activation, transposed);
+                             down_bias, activation, transposed, interleaved, alpha, limit);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -59,11 +63,12 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
         moe_expert_mlp_backward_op(grad_outputs[0], saved[0], saved[1], saved[2], saved[3], saved[4], saved[5],
                                    optional_of(saved[6]), optional_of(saved[7]),
                                    ctx->saved_data["activation"].toStringRef(), ctx->saved_data["transposed"].toBool(),
-                                   mask);
+                                   ctx->saved_data["interleaved"].toBool(), ctx->saved_data["alpha"].toDouble(),
+                                   ctx->saved_data["limit"].toDouble(), mask);
     auto kept = [](bool wanted, const at::Tensor& gradient) { return wanted ? gradient : at::Tensor(); };
     return {kept(mask[0], grad_hidden), at::Tensor(), at::Tensor(), kept(mask[1], grad_routing),
             kept(mask[2], grad_gate_up), kept(mask[3], grad_down), kept(mask[4], grad_gate_up_bias),
-            kept(mask[5], grad_down_bias), at::Tensor(), at::Tensor()};
+            kept(mask[5], grad_down_bias), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -110,12 +115,12 @@ inline at::Tensor moe_expert_mlp_autograd(const at::Tensor& hidden, const at::Te
                                           const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
                                           const at::Tensor& down_weight, const OptionalTensor& gate_up_bias,
                                           const OptionalTensor& down_bias, c10::string_view activation,
-                                          bool transposed) {
+                                          bool transposed, bool interleaved, double alpha, double limit) {
   check_no_transform("fused::moe_expert_mlp", hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias,
                      down_bias);
   return AutogradKernel<MoeExpertMlpFunction, moe_expert_mlp_op>::call(
       hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias, activation,
-      transposed);
+      transposed, interleaved, alpha, limit);
 }
 
 inline at::Tensor moe_unpermute_autograd(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,

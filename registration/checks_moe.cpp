@@ -1,5 +1,7 @@
 #include "checks_moe.h"
 
+#include <cmath>
+
 #include "checks.h"
 
 namespace fused_ops {
@@ -50,7 +52,8 @@ MoeExpertOptions check_moe_expert_mlp_arguments(const char* op, const at::Tensor
                                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                                 const std::optional<at::Tensor>& gate_up_bias,
                                                 const std::optional<at::Tensor>& down_bias,
-                                                c10::string_view activation, bool transposed) {
+                                                c10::string_view activation, bool transposed, bool interleaved,
+                                                double alpha, double limit) {
   check_floating(op, "hidden_states", hidden);
   TORCH_CHECK(hidden.dim() == 2, "fused::", op, ": expected hidden_states of shape [tokens, hidden], but got shape ",
               hidden.sym_sizes());
@@ -87,11 +90,19 @@ MoeExpertOptions check_moe_expert_mlp_arguments(const char* op, const at::Tensor
               down_weight.sym_sizes());
   check_expert_bias(op, "gate_up_bias", gate_up_bias, experts, gate_up_width, hidden);
   check_expert_bias(op, "down_bias", down_bias, experts, width, hidden);
-  parse_gated_activation(op, activation);
+  const bool clamped = activation == "swiglu_oai";
+  TORCH_CHECK(clamped || activation == "silu" || activation == "gelu" || activation == "gelu_tanh", "fused::", op,
+              ": expected activation 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', but got '", activation, "'");
+  TORCH_CHECK(!clamped || (std::isfinite(alpha) && std::isfinite(limit) && limit > 0), "fused::", op,
+              ": expected a finite alpha and a finite limit > 0 for 'swiglu_oai', but got alpha ", alpha, ", limit ",
+              limit);
   MoeExpertOptions options;
   options.top_k = top_k.guard_int(__FILE__, __LINE__);
   options.transposed = transposed;
   options.activation = activation;
+  options.interleaved = interleaved;
+  options.alpha = alpha;
+  options.limit = limit;
   return options;
 }
 

@@ -19,7 +19,8 @@ MoeExpertOptions check_moe_expert_mlp_arguments(const char* op, const at::Tensor
                                                 const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                                 const std::optional<at::Tensor>& gate_up_bias,
                                                 const std::optional<at::Tensor>& down_bias,
-                                                c10::string_view activation, bool transposed);
+                                                c10::string_view activation, bool transposed, bool interleaved,
+                                                double alpha, double limit);
 // grad: [T * top_k, H] floating, on hidden's device.
 void check_moe_expert_mlp_grad(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order);
 // rows [S, H] floating; order [S] int64; offsets [E] int32; top_k >= 1 dividing S; routing_weights [S / top_k,

@@ -50,10 +50,11 @@ at::Tensor moe_expert_mlp_entry(const at::Tensor& hidden, const at::Tensor& orde
                                 const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
                                 const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
                                 const std::optional<at::Tensor>& down_bias, c10::string_view activation,
-                                bool transposed) {
+                                bool transposed, bool interleaved, double alpha, double limit) {
   const MoeExpertOptions options =
       check_moe_expert_mlp_arguments("moe_expert_mlp", hidden, order, offsets, routing_weights, gate_up_weight,
-                                     down_weight, gate_up_bias, down_bias, activation, transposed);
+                                     down_weight, gate_up_bias, down_bias, activation, transposed, interleaved,
+                                     alpha, limit);
   return Backend::expert_mlp(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
                              down_bias, options);
 }
@@ -64,10 +65,12 @@ SixTensors moe_expert_mlp_backward_entry(const at::Tensor& grad, const at::Tenso
                                          const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                          const std::optional<at::Tensor>& gate_up_bias,
                                          const std::optional<at::Tensor>& down_bias, c10::string_view activation,
-                                         bool transposed, std::array<bool, 6> output_mask) {
+                                         bool transposed, bool interleaved, double alpha, double limit,
+                                         std::array<bool, 6> output_mask) {
   const MoeExpertOptions options =
       check_moe_expert_mlp_arguments("moe_expert_mlp_backward", hidden, order, offsets, routing_weights,
-                                     gate_up_weight, down_weight, gate_up_bias, down_bias, activation, transposed);
+                                     gate_up_weight, down_weight, gate_up_bias, down_bias, activation, transposed,
+                                     interleaved, alpha, limit);
   check_moe_expert_mlp_grad(grad, hidden, order);
   return Backend::expert_mlp_backward(grad, hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
                                       gate_up_bias, down_bias, options, output_mask);

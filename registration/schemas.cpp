@@ -128,18 +128,21 @@ TORCH_LIBRARY(fused, m) {
   // [num_experts] int32, each expert's end in that order.
   m.def("moe_permute(Tensor top_k_index, int num_experts) -> (Tensor order, Tensor offsets)", tags);
   // rows [T * top_k, H] in order's order: routing weight x the gated MLP of expert e on its pair's token,
-  // act(x W_gate^T + b) * (x W_up^T + b) then W_down^T + b, for gate_up_weight [E, 2I, H] ([gate; up]) and
-  // down_weight [E, H, I] (transposed: [E, H, 2I] and [E, I, H]); 0 for pairs of no expert. Its autograd node
-  // saves the inputs alone; the backward recomputes the gathered rows, the gate/up product and the activation.
+  // act(x W_gate^T + b) * (x W_up^T + b) then W_down^T + b, for gate_up_weight [E, 2I, H] ([gate; up], or
+  // interleaved columns) and down_weight [E, H, I] (transposed: [E, H, 2I] and [E, I, H]); activation 'silu',
+  // 'gelu', 'gelu_tanh' or 'swiglu_oai' (gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
+  // clamp(gate, max=limit)); 0 for pairs of no expert. Its autograd node saves the inputs alone; the backward
+  // recomputes the gathered rows, the gate/up product and the activation.
   m.def("moe_expert_mlp(Tensor hidden_states, Tensor order, Tensor offsets, Tensor routing_weights, "
         "Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias=None, Tensor? down_bias=None, "
-        "str activation='silu', bool transposed=False) -> Tensor",
+        "str activation='silu', bool transposed=False, bool interleaved=False, float alpha=1.702, float limit=7.0) -> Tensor",
         tags);
   // The gradients where output_mask says (hidden_states, routing_weights, gate_up_weight, down_weight,
   // gate_up_bias, down_bias); the others are empty.
   m.def("moe_expert_mlp_backward(Tensor grad, Tensor hidden_states, Tensor order, Tensor offsets, "
         "Tensor routing_weights, Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias, Tensor? down_bias, "
-        "str activation, bool transposed, bool[6] output_mask) -> (Tensor grad_hidden_states, "
+        "str activation, bool transposed, bool interleaved, float alpha, float limit, bool[6] output_mask) -> "
+        "(Tensor grad_hidden_states, "
         "Tensor grad_routing_weights, Tensor grad_gate_up_weight, Tensor grad_down_weight, Tensor grad_gate_up_bias, "
         "Tensor grad_down_bias)",
         tags);

@@ -9,6 +9,7 @@ shapes and its own extras written out below, and fewer layers than the checkpoin
     gemma3-1b       Gemma3ForCausalLM     6 of 26 layers   (five sliding-window layers and one global, as the checkpoint repeats them)
     phi3-mini       Phi3ForCausalLM       4 of 32 layers   (Phi-3-mini-4k)
     qwen3-30b-a3b   Qwen3MoeForCausalLM   4 of 48 layers   (128 experts, 8 a token, no router loss)
+    gpt-oss-20b     GptOssForCausalLM     4 of 24 layers   (32 experts, 4 a token, the clamped SwiGLU)
 
 bf16 parameters, AdamW (foreach), batch 8 x 2048 tokens (--batch, --sequence), SDPA attention. Variants:
 stock_eager, stock_compile, fused_eager, fused_compile (fused_ops.fuse), liger_eager, liger_compile
@@ -101,6 +102,18 @@ FAMILIES = {
             tie_word_embeddings=False, hidden_act="silu", attention_bias=False, use_sliding_window=False,
             bos_token_id=151643, eos_token_id=151645,
             rope_parameters=dict(rope_type="default", rope_theta=1000000.0))),
+    "gpt-oss-20b": dict(  # openai/gpt-oss-20b: 32 experts of 2880, 4 a token, the clamped SwiGLU; sliding-window
+        # layers of 128 tokens alternate with full ones; transformers' grouped_mm experts
+        model_class="GptOssForCausalLM", config_class="GptOssConfig", liger="apply_liger_kernel_to_gpt_oss", layers=4,
+        checkpoint_layers=24, attention="eager",  # its attention sinks: transformers has no SDPA path for them
+        config=lambda layers: dict(
+            hidden_size=2880, intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4,
+            num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088, sliding_window=128,
+            layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+            max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False, attention_bias=True,
+            output_router_logits=False, router_aux_loss_coef=0.9, pad_token_id=199999, eos_token_id=200002,
+            rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                                 truncate=False, original_max_position_embeddings=4096))),
 }
 # --smoke: the same families a few dozen units wide (their extras kept), on the CPU.
 SMOKE_SIZES = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, head_dim=16, vocab_size=512,
@@ -119,7 +132,7 @@ def family_config(family, layers, smoke):
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids the smoke vocabulary still holds
         if smoke and name in values:
             values[name] = 1
-    return getattr(transformers, spec["config_class"])(**values, attn_implementation="sdpa")
+    return getattr(transformers, spec["config_class"])(**values, attn_implementation=spec.get("attention", "sdpa"))
 
 
 def build_model(args, variant, device):

@@ -440,7 +440,7 @@ def test_gemma3_image_text_model_fuses_its_head_and_loss_with_images():
 def test_experts_run_as_the_experts_ops(model_type, implementation):
     """The routed experts run as moe_permute + moe_expert_mlp + moe_unpermute, once per MoE layer, under each
     experts implementation (each proven on its own), with the stock loss and gradients; gpt-oss's clamped gate
-    is left alone, not proven, and its experts run as they are."""
+    (interleaved, with its alpha and limit) too, computed inside the experts ops."""
     import hf_families
     stock = hf_families.build(model_type)
     fused = fused_ops.fuse(copy.deepcopy(stock))
@@ -450,15 +450,13 @@ def test_experts_run_as_the_experts_ops(model_type, implementation):
     assert len(gates) == stock.config.num_hidden_layers, fused.fused_ops_report
     ids = hf_families.batch(stock)
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
-    if model_type == "gpt_oss":
-        assert not any(e.swapped for e in gates) and all("not proven" in e.detail for e in gates)
-        assert "gated_mul" not in calls and "moe_expert_mlp" not in calls, calls
-    else:
-        implementations = "('eager', 'grouped_mm', 'batched_mm')"
-        assert all(e.swapped and e.detail == f"activation=silu, implementations={implementations}"
-                   for e in gates), fused.fused_ops_report
-        for op in ("moe_permute", "moe_expert_mlp", "moe_unpermute"):
-            assert calls.get(op, 0) == len(gates), calls
+    implementations = "('eager', 'grouped_mm', 'batched_mm')"
+    gate = "activation=swiglu_oai, interleaved=True, alpha=1.702, limit=7.0" if model_type == "gpt_oss" else \
+        "activation=silu"
+    assert all(e.swapped and e.detail == f"{gate}, implementations={implementations}" for e in gates), \
+        fused.fused_ops_report
+    for op in ("moe_permute", "moe_expert_mlp", "moe_unpermute"):
+        assert calls.get(op, 0) == len(gates), calls
     want, got = stock(input_ids=ids, labels=ids), fused(input_ids=ids, labels=ids)
     torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
     want.loss.backward()
@@ -488,17 +486,20 @@ def test_experts_between_transformers_products_when_the_implementation_is_not_pr
 
 def test_fused_ops_is_an_experts_implementation_to_choose():
     """`fused_ops.experts.register()` makes "fused_ops" an experts implementation of transformers, chosen with
-    set_experts_implementation: the stock loss and gradients, the experts ops running; an experts module it
-    cannot prove (gpt-oss's clamped gate) runs transformers' grouped products instead."""
+    set_experts_implementation: the stock loss and gradients, the experts ops running (gpt-oss's clamped gate
+    too); experts whose gate it cannot prove (a ReLU gate) run transformers' grouped products instead."""
     import hf_families
     fused_ops.experts.register()
-    for model_type in ("qwen3_moe", "gpt_oss"):
+    for model_type, relu in (("qwen3_moe", False), ("gpt_oss", False), ("qwen3_moe", True)):
         stock = hf_families.build(model_type)
+        if relu:
+            for layer in stock.model.layers:
+                layer.mlp.experts.act_fn = torch.nn.ReLU()
         chosen = copy.deepcopy(stock)
         chosen.set_experts_implementation("fused_ops")
         ids = hf_families.batch(stock)
         calls = hf_families.fused_op_calls(lambda: chosen(input_ids=ids, labels=ids))
-        assert (calls.get("moe_expert_mlp", 0) == stock.config.num_hidden_layers) == (model_type == "qwen3_moe"), calls
+        assert (calls.get("moe_expert_mlp", 0) == stock.config.num_hidden_layers) == (not relu), calls
         want, got = stock(input_ids=ids, labels=ids), chosen(input_ids=ids, labels=ids)
         torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
         want.loss.backward()

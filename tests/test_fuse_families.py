@@ -112,9 +112,8 @@ def test_enough_families_are_tested():
     assert len(testable) >= 40, f"only {len(testable)} families build from a tiny config"
 
 
-# Parts a family may keep as they are: Nemotron's MLP is relu², not gated; gpt-oss's experts gate is a
-# clamped, scaled SwiGLU.
-MAY_STAY = {"nemotron": {"gated_mlp"}, "gpt_oss": {"gated_mlp"}}
+# Parts a family may keep as they are: Nemotron's MLP is relu², not gated.
+MAY_STAY = {"nemotron": {"gated_mlp"}}
 
 
 def assert_every_part_runs_as_fused_ops(stock, fused, model_type, ids):

@@ -36,7 +36,16 @@ def make_inputs(tokens, hidden, intermediate, experts, top_k, dtype, device, bia
     return cast[0], index.to(device), cast[1], cast[2], cast[3], cast[4], cast[5]
 
 
-def reference(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed):
+def gated(product, activation, interleaved=False, alpha=1.702, limit=7.0):
+    gate, up = (product[..., ::2], product[..., 1::2]) if interleaved else product.chunk(2, dim=-1)
+    if activation == "swiglu_oai":  # gpt-oss's modeling code
+        gate, up = gate.clamp(max=limit), up.clamp(-limit, limit)
+        return (up + 1) * gate * torch.sigmoid(gate * alpha)
+    return ACTIVATIONS[activation](gate) * up
+
+
+def reference(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed, interleaved=False,
+              alpha=1.702, limit=7.0):
     """Token by token, expert by expert, in float64."""
     experts = gate_up.shape[0]
     rows = []
@@ -49,21 +58,22 @@ def reference(x, index, weights, gate_up, down, gate_up_bias, down_bias, activat
             w_gate_up = gate_up[e].T if transposed else gate_up[e]
             w_down = down[e].T if transposed else down[e]
             product = w_gate_up @ x[t] + (gate_up_bias[e] if gate_up_bias is not None else 0)
-            gate, up = product.chunk(2)
-            out = w_down @ (ACTIVATIONS[activation](gate) * up) + (down_bias[e] if down_bias is not None else 0)
+            out = w_down @ gated(product, activation, interleaved, alpha, limit) + (
+                down_bias[e] if down_bias is not None else 0)
             total = total + weights[t, j] * out
         rows.append(total)
     return torch.stack(rows) if rows else x.new_zeros(x.shape)
 
 
-def check(inputs, activation="silu", transposed=False, dtype=torch.float32):
+def check(inputs, activation="silu", transposed=False, dtype=torch.float32, **gate):
     x, index, weights, gate_up, down, gate_up_bias, down_bias = inputs
     leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down, gate_up_bias, down_bias) if t is not None]
-    out = fused_ops.moe_experts(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed)
+    out = fused_ops.moe_experts(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed,
+                                **gate)
     leaves64 = [t.detach().double().cpu().requires_grad_(True) for t in leaves]
     biases64 = leaves64[4:] + [None] * (6 - len(leaves64))
     want = reference(leaves64[0], index.cpu(), leaves64[1], leaves64[2], leaves64[3], biases64[0], biases64[1],
-                     activation, transposed)
+                     activation, transposed, **gate)
     assert out.shape == x.shape and out.dtype == x.dtype
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
     tolerance = TOLERANCE[dtype] * 8
@@ -92,6 +102,21 @@ def test_biases_and_pairs_of_no_expert(device, transposed):
     some experts get no pair at all (7 experts, 5 tokens of top-2)."""
     inputs = make_inputs(5, 16, 8, 7, 2, torch.float64, device, bias=True, transposed=transposed, foreign=0.3)
     check(inputs, "gelu_tanh", transposed, torch.float64)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "interleaved"])
+def test_gpt_oss_clamped_gate(device, dtype, interleaved):
+    """gpt-oss's experts: transposed weights, biases, gate and up interleaved, the clamped SwiGLU with its alpha
+    and limit; inputs large enough that both clamps act on some values."""
+    inputs = list(make_inputs(9, 16, 8, 5, 2, dtype, device, bias=True, transposed=True))
+    inputs[0] = inputs[0] * 4
+    check(inputs, "swiglu_oai", True, dtype, interleaved=interleaved, alpha=1.702, limit=3.0)
+
+
+@pytest.mark.parametrize("activation", ["silu", "gelu_tanh"])
+def test_interleaved_gate_and_up(device, activation):
+    inputs = make_inputs(7, 16, 8, 4, 2, torch.float64, device)
+    check(inputs, activation, False, torch.float64, interleaved=True)
 
 
 def test_every_pair_routed_elsewhere_and_no_tokens(device):
@@ -167,7 +192,7 @@ def test_gradcheck(device):
 
     def experts(x, weights, gate_up, down, gate_up_bias, down_bias):
         rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias,
-                                              "gelu", False)
+                                              "swiglu_oai", False, True, 1.702, 1.0)
         return torch.ops.fused.moe_unpermute(rows, order, offsets, 2, weights)
     assert torch.autograd.gradcheck(experts, leaves)
 
@@ -178,7 +203,7 @@ def test_backward_ops_are_not_differentiable(device):
     grad = torch.randn(8, 8, dtype=torch.float64, device=device, requires_grad=True)
     with pytest.raises(RuntimeError, match="moe_expert_mlp_backward: not differentiable"):
         torch.ops.fused.moe_expert_mlp_backward(grad, x, order, offsets, weights, gate_up, down, None, None, "silu",
-                                                False, [True] * 6)
+                                                False, False, 1.702, 7.0, [True] * 6)
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -193,6 +218,8 @@ def test_opcheck(device, requires_grad, bias):
             t.requires_grad_(requires_grad)
     opcheck(torch.ops.fused.moe_expert_mlp.default,
             (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "silu", False))
+    opcheck(torch.ops.fused.moe_expert_mlp.default,
+            (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "swiglu_oai", False, True, 1.702, 7.0))
     rows = torch.randn(10, 8, device=device, requires_grad=requires_grad)
     opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, weights))
     opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, None))
@@ -200,7 +227,7 @@ def test_opcheck(device, requires_grad, bias):
     opcheck(torch.ops.fused.moe_expert_mlp_backward.default,
             (grad, x.detach(), order, offsets, weights.detach(), gate_up.detach(), down.detach(),
              None if gate_up_bias is None else gate_up_bias.detach(), None if down_bias is None else down_bias.detach(),
-             "silu", False, [True] * 6))
+             "silu", False, False, 1.702, 7.0, [True] * 6))
     opcheck(torch.ops.fused.moe_unpermute_backward.default,
             (torch.randn(5, 8, device=device), rows.detach(), order, offsets, 2, weights.detach(), [True, True]))
     opcheck(torch.ops.fused.moe_unpermute_backward.default,
@@ -269,7 +296,10 @@ def _bad_cases(device):
          "moe_expert_mlp: expected gate_up_weight to have the same dtype as hidden_states"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down.transpose(1, 2), None, None, "silu", False),
          "moe_expert_mlp: expected down_weight of shape [experts, 8, 4]"),
-        (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "relu", False), "moe_expert_mlp"),
+        (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "relu", False),
+         "moe_expert_mlp: expected activation 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', but got 'relu'"),
+        (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "swiglu_oai", False, False, 1.7, 0.0),
+         "moe_expert_mlp: expected a finite alpha and a finite limit > 0"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down, torch.zeros(3, 5, device=device), None, "silu", False),
          "moe_expert_mlp: expected gate_up_bias of shape [experts = 3, 8]"),
         (lambda: fused_ops.moe_unpermute(torch.zeros(8, 8, device=device), order, offsets, 3),
@@ -277,6 +307,6 @@ def _bad_cases(device):
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(_bad_cases(device), case)

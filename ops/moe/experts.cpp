@@ -1,40 +1,12 @@
 // The experts' ops for every backend: ATen's sort and products (torch's grouped products on CUDA) around the
-// backend's row kernels (MoeRowKernels) and the fused silu_mul / gelu_mul ops, through the dispatcher. The checks
+// backend's row kernels (MoeRowKernels) and the experts' gate (gate.cpp). The checks
 // (registration/checks_moe.cpp) have run.
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/version.h>
 
 #include "moe.h"
 
 namespace fused_ops {
 namespace {
-
-// The gated activation of [S, 2I] rows ([gate; up]) and its gradient, through the registered silu_mul and
-// gelu_mul ops (the contiguous layout's fast kernels).
-at::Tensor gated_activation(const at::Tensor& gate_up, c10::string_view activation) {
-  if (activation == "silu") {
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("fused::silu_mul", "").typed<at::Tensor(const at::Tensor&)>();
-    return op.call(gate_up);
-  }
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gelu_mul", "")
-                             .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
-  return op.call(gate_up, activation == "gelu" ? "none" : "tanh");
-}
-
-at::Tensor gated_activation_backward(const at::Tensor& grad, const at::Tensor& gate_up, c10::string_view activation) {
-  if (activation == "silu") {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("fused::silu_mul_backward", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-    return op.call(grad, gate_up);
-  }
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gelu_mul_backward", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(grad, gate_up, activation == "gelu" ? "none" : "tanh");
-}
 
 bool given(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && tensor->defined(); }
 
@@ -127,7 +99,7 @@ Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order,
   result.x = kernels.gather(hidden, order, offsets, options.top_k);
   result.gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
   if (given(gate_up_bias)) result.gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
-  result.activation = gated_activation(result.gate_up, options.activation);
+  result.activation = experts_gate(result.gate_up, options);
   return result;
 }
 
@@ -213,7 +185,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
   if (!input_side) {
     return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
   }
-  at::Tensor grad_gate_up = gated_activation_backward(grad_activation, parts.gate_up, options.activation);
+  at::Tensor grad_gate_up = experts_gate_backward(grad_activation, parts.gate_up, options);
   grad_activation = at::Tensor();
   parts.gate_up = at::Tensor();
   if (output_mask[2]) {

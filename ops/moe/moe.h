@@ -53,8 +53,17 @@ std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cuda(const at::Tensor& h
 struct MoeExpertOptions {
   int64_t top_k = 1;
   bool transposed = false;
+  // 'silu', 'gelu', 'gelu_tanh': act(gate) * up; 'swiglu_oai' (gpt-oss): (clamp(up, -limit, limit) + 1) * g *
+  // sigmoid(alpha * g) for g = clamp(gate, max=limit).
   c10::string_view activation = "silu";
+  bool interleaved = false;  // gate and up as columns 2i and 2i + 1 of the gate/up product, not its halves
+  double alpha = 1.702;
+  double limit = 7.0;
 };
+
+// The gate on the gate/up product [S, 2I] -> [S, I], and its gradient [S, 2I] (ops/moe/gate.cpp).
+at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options);
+at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options);
 
 // One implementation for every backend (ATen's sort and scans).
 std::tuple<at::Tensor, at::Tensor> moe_permute(const at::Tensor& top_k_index, int64_t num_experts);

@@ -181,17 +181,20 @@ def moe_permute(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor]:
 
 def moe_expert_mlp(hidden_states: Tensor, order: Tensor, offsets: Tensor, routing_weights: Tensor,
                    gate_up_weight: Tensor, down_weight: Tensor, gate_up_bias: Optional[Tensor] = None,
-                   down_bias: Optional[Tensor] = None, activation: str = "silu", transposed: bool = False) -> Tensor:
+                   down_bias: Optional[Tensor] = None, activation: str = "silu", transposed: bool = False,
+                   interleaved: bool = False, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
     """The experts' gated MLPs on the routed pairs, in `order`'s order ([T * top_k, H]): row s, for pair
     `p = order[s]` of token `t = p // top_k` and expert e, is `routing_weights[t, j] * down_e(act(gate_e(x)) *
     up_e(x))` with `x = hidden_states[t]`; 0 for a pair of no expert. `gate_up_weight` [E, 2I, H] holds
     `[gate; up]` and `down_weight` [E, H, I] (`transposed`: [E, H, 2I] and [E, I, H], as transformers'
-    `is_transposed` experts store them); biases [E, 2I] and [E, H]; activation 'silu', 'gelu' or 'gelu_tanh'.
+    `is_transposed` experts store them), gate and up as its halves or, `interleaved`, as columns 2i and 2i + 1;
+    biases [E, 2I] and [E, H]; activation 'silu', 'gelu', 'gelu_tanh' (`act(gate) * up`) or 'swiglu_oai'
+    (gpt-oss's `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` for `g = clamp(gate, max=limit)`).
     Its autograd node saves only its inputs: the backward gathers the rows again and recomputes the gate/up
     product and the activation. Differentiable in the hidden states, routing weights, weights and biases.
     """
     return _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
-                           gate_up_bias, down_bias, activation, transposed)
+                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit)
 
 
 def moe_unpermute(rows: Tensor, order: Tensor, offsets: Tensor, top_k: int,
@@ -206,12 +209,13 @@ def moe_unpermute(rows: Tensor, order: Tensor, offsets: Tensor, top_k: int,
 
 def moe_experts(hidden_states: Tensor, top_k_index: Tensor, routing_weights: Tensor, gate_up_weight: Tensor,
                 down_weight: Tensor, gate_up_bias: Optional[Tensor] = None, down_bias: Optional[Tensor] = None,
-                activation: str = "silu", transposed: bool = False) -> Tensor:
+                activation: str = "silu", transposed: bool = False, interleaved: bool = False, alpha: float = 1.702,
+                limit: float = 7.0) -> Tensor:
     """A mixture of experts' routed experts, [T, H] of `hidden_states`' dtype: for each token the sum over its
     `top_k` experts of `routing_weights[t, j] * expert(hidden_states[t])` (moe_permute, moe_expert_mlp,
     moe_unpermute). What the backward keeps: the hidden states and the routing, nothing of size
     [T * top_k, ...]."""
     order, offsets = _moe_permute(top_k_index, gate_up_weight.shape[0])
     rows = _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
-                           gate_up_bias, down_bias, activation, transposed)
+                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit)
     return _moe_unpermute(rows, order, offsets, top_k_index.shape[-1], None).to(hidden_states.dtype)

@@ -6,10 +6,10 @@ activation of every pair.
     fused_ops.experts.register()                  # makes "fused_ops" one of transformers' implementations
     model.set_experts_implementation("fused_ops")
 
-`fused_ops.fuse(model)` selects it by itself for every experts module whose gate it proves. Experts this
-implementation cannot take (no gate, an interleaved gate/up layout, quantised weights, a gate that is not
-act(gate) * up for one of silu, gelu and tanh-gelu, as gpt-oss's clamped one) run transformers' grouped
-products instead: the result is the stock one either way.
+`fused_ops.fuse(model)` selects it by itself for every experts module whose gate it proves. The gates it
+computes: act(gate) * up for SiLU, GELU and tanh-GELU, and gpt-oss's clamped SwiGLU, on [gate; up] halves or
+interleaved columns. Experts it cannot take (no gate, quantised weights, another gate) run transformers'
+grouped products instead: the result is the stock one either way.
 """
 import torch
 
@@ -18,6 +18,8 @@ from .patching.swap import holds_plain_tensors
 
 IMPLEMENTATION = "fused_ops"
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+# gpt-oss's gate: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit).
+CLAMPED_SWIGLU = "swiglu_oai"
 # Implementations of transformers that compute the same function as this one (checked per family by fuse()).
 STOCK_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 # The gate is proven on values of these scales: a clamp (gpt-oss clamps at 7) shows at the larger one.
@@ -34,7 +36,7 @@ def register() -> None:
 def takes(experts) -> bool:
     """Whether the experts module's layout is one this implementation computes: a gate, [gate; up]
     concatenated, plain 3-D weights (and biases)."""
-    if not (getattr(experts, "has_gate", False) and getattr(experts, "is_concatenated", True)):
+    if not getattr(experts, "has_gate", False):
         return False
     names = ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias")
                                              if getattr(experts, "has_bias", False) else ())
@@ -44,14 +46,37 @@ def takes(experts) -> bool:
     return isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor) and gate_up.dim() == down.dim() == 3
 
 
+def gate_variants(experts):
+    """Each gate this implementation computes, as the options of the experts ops ({activation, interleaved,
+    alpha, limit}), the gpt-oss one with the module's own alpha and limit."""
+    layouts = (False, True)  # [gate; up] halves, as most families store them, tried first
+    variants = [dict(activation=a, interleaved=i, alpha=1.702, limit=7.0) for i in layouts for a in ACTIVATIONS]
+    alpha, limit = getattr(experts, "alpha", None), getattr(experts, "limit", None)
+    if isinstance(alpha, (int, float)) and isinstance(limit, (int, float)) and limit > 0:
+        variants += [dict(activation=CLAMPED_SWIGLU, interleaved=i, alpha=float(alpha), limit=float(limit))
+                     for i in reversed(layouts)]  # gpt-oss interleaves them
+    return variants
+
+
+def reference_gate(gate_up, activation, interleaved, alpha, limit):
+    """A gate variant in plain torch (what the experts ops compute, checked against them in the tests)."""
+    gate, up = (gate_up[..., ::2], gate_up[..., 1::2]) if interleaved else gate_up.chunk(2, dim=-1)
+    if activation == CLAMPED_SWIGLU:
+        g = gate.clamp(max=limit)
+        return (up.clamp(-limit, limit) + 1) * g * torch.sigmoid(g * alpha)
+    return _ops.gated_mul(gate.contiguous(), up.contiguous(), activation)
+
+
 def gate_key(experts):
-    """What the gate's function depends on beyond its code: the classes of its method and activation."""
-    return type(experts).__dict__.get("_apply_gate", type(experts)._apply_gate), type(getattr(experts, "act_fn", None))
+    """What the gate's function depends on beyond its code: the classes of its method and activation, the
+    constants a clamped gate reads."""
+    return (type(experts)._apply_gate, type(getattr(experts, "act_fn", None)), getattr(experts, "alpha", None),
+            getattr(experts, "limit", None))
 
 
-def proven_activation(experts):
-    """The activation for which `experts._apply_gate(gate_up)` equals gated_mul(gate, up, activation) on random
-    float64 values at unit and large scale, or None. Cached on the module by gate_key."""
+def proven_gate(experts):
+    """The gate variant (gate_variants) equal to `experts._apply_gate(gate_up)` on random float64 values at unit
+    and large scale, or None. Cached on the module by gate_key."""
     key = gate_key(experts)
     cached = experts.__dict__.get("_fused_ops_gate")
     if cached is not None and cached[0] == key:
@@ -61,41 +86,42 @@ def proven_activation(experts):
     generator = torch.Generator().manual_seed(20261207)
     values = torch.randn(7, 2 * 24, generator=generator, dtype=torch.float64)
     found = None
-    for activation in ACTIVATIONS:
+    for variant in gate_variants(experts):
         try:
             with torch.no_grad():
                 matches = all(torch.allclose(experts._apply_gate(values * scale),
-                                             _ops.gated_mul(*(values * scale).chunk(2, dim=-1), activation),
-                                             rtol=_PROOF_RTOL, atol=0.0) for scale in _PROOF_SCALES)
+                                             reference_gate(values * scale, **variant), rtol=_PROOF_RTOL, atol=0.0)
+                              for scale in _PROOF_SCALES)
         except Exception:  # a gate that cannot run on float64 rows of this width proves nothing
             matches = False
         if matches:
-            found = activation
+            found = variant
             break
     experts.__dict__["_fused_ops_gate"] = (key, found)
     return found
 
 
-def fused_experts(experts, hidden_states, top_k_index, top_k_weights, activation):
-    """The experts' output through this library's ops, in hidden_states' dtype (the products in the weights'
-    dtype, as transformers' are)."""
+def fused_experts(experts, hidden_states, top_k_index, top_k_weights, gate):
+    """The experts' output through this library's ops with the gate variant `gate` (gate_variants), in
+    hidden_states' dtype (the products in the weights' dtype, as transformers' are)."""
     weight_dtype = experts.gate_up_proj.dtype
     has_bias = getattr(experts, "has_bias", False)
     out = _ops.moe_experts(hidden_states.to(weight_dtype), top_k_index, top_k_weights, experts.gate_up_proj,
                            experts.down_proj, experts.gate_up_proj_bias if has_bias else None,
-                           experts.down_proj_bias if has_bias else None, activation,
-                           bool(getattr(experts, "is_transposed", False)))
+                           experts.down_proj_bias if has_bias else None, gate["activation"],
+                           bool(getattr(experts, "is_transposed", False)), gate["interleaved"], gate["alpha"],
+                           gate["limit"])
     return out.to(hidden_states.dtype)
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """transformers' experts forward signature: (experts module, hidden states [T, H], top-k expert indices
     [T, k], top-k routing weights [T, k]) -> [T, H]."""
-    activation = proven_activation(self) if takes(self) else None
-    if activation is None:
+    gate = proven_gate(self) if takes(self) else None
+    if gate is None:
         from transformers.integrations.moe import grouped_mm_experts_forward
         return grouped_mm_experts_forward(self, hidden_states, top_k_index, top_k_weights)
-    return fused_experts(self, hidden_states, top_k_index, top_k_weights, activation)
+    return fused_experts(self, hidden_states, top_k_index, top_k_weights, gate)
 
 
 

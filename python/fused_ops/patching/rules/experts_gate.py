@@ -7,8 +7,10 @@ implementation is one of those proven to compute the same function (eager, group
 proven on its own, on the experts call of the model's probe forward, with its real routing), and the stock
 forward otherwise (sonicmoe, deepgemm, an implementation set after fuse() that was not proven, an activation
 or weight replaced after fuse()). Its `_apply_gate`, which transformers' grouped and batched products call
-between the two products, is gated_mul. The gate is proven first on a path that calls `_apply_gate`: the
-model's experts implementation where it does, else the batched products (the eager loop never calls it).
+between the two products, is gated_mul where the gate is act(gate) * up. Such a gate is proven first on a path
+that calls `_apply_gate`: the model's experts implementation where it does, else the batched products (the
+eager loop never calls it); gpt-oss's clamped gate, which stays its own there, is proven through the experts
+ops alone.
 """
 import contextlib
 
@@ -33,11 +35,15 @@ def _experts_gate_methods(base, options):
     # None in a model pickled before the option existed: the stock forward (activation_children never equals it).
     activation, activations = options["activation"], options.get("_activation_children")
     implementations = options.get("implementations") or ()
+    gate_options = _gate(options)
     stock_gate, stock_forward = base._apply_gate, base.forward
 
     def _apply_gate(self, gate_up_out):
-        if activation_children(self) != activations:  # an activation replaced after fuse(): the stock gate's
+        # An activation replaced after fuse(), or a gate gated_mul does not compute: the stock gate's.
+        if activation_children(self) != activations or activation not in ACTIVATIONS:
             return stock_gate(self, gate_up_out)
+        if gate_options["interleaved"]:
+            return _ops.gated_mul(gate_up_out[..., ::2], gate_up_out[..., 1::2], activation)
         gate, up = gate_up_out.chunk(2, dim=-1)
         return _ops.gated_mul(gate, up, activation)
 
@@ -45,8 +51,14 @@ def _experts_gate_methods(base, options):
         if (_current_implementation(self) not in implementations or activation_children(self) != activations
                 or not fused_experts.takes(self)):
             return stock_forward(self, hidden_states, top_k_index, top_k_weights)
-        return fused_experts.fused_experts(self, hidden_states, top_k_index, top_k_weights, activation)
+        return fused_experts.fused_experts(self, hidden_states, top_k_index, top_k_weights, gate_options)
     return {"_apply_gate": _apply_gate, "forward": forward}
+
+
+def _gate(options):
+    """The gate variant of a swap's options (fused_ops/experts.py's gate_variants)."""
+    return dict(activation=options["activation"], interleaved=options.get("interleaved", False),
+                alpha=options.get("alpha", 1.702), limit=options.get("limit", 7.0))
 
 
 class ExpertsGateRule(Rule):
@@ -63,21 +75,38 @@ class ExpertsGateRule(Rule):
 
     def summary(self, options):
         if options.get("implementations"):
-            return (f"the routed experts ({options['activation']} gate) through fused_ops' experts ops, which keep "
-                    "only the hidden states and the routing for the backward")
+            gate = "gpt-oss's clamped SwiGLU" if options["activation"] == fused_experts.CLAMPED_SWIGLU else \
+                f"{options['activation']} gate"
+            return (f"the routed experts ({gate}) through fused_ops' experts ops, which keep only the hidden states "
+                    "and the routing for the backward")
         return f"the experts' {options['activation']} gate x up as one op between transformers' expert products"
 
     def variants(self, module, context):
         if not getattr(module, "has_gate", False):
             raise LeftAlone("its experts have no gate (has_gate is False)")
-        return [(("activation", activation), ("_activation_children", activation_children(module)))
-                for activation in ACTIVATIONS]
+        variants = []
+        for gate in fused_experts.gate_variants(module):
+            # Only what differs from an act(gate) * up gate on halves is named (the options of earlier swaps).
+            extra = ((("interleaved", True),) if gate["interleaved"] else ()) + (
+                (("alpha", gate["alpha"]), ("limit", gate["limit"])) if gate["activation"] not in ACTIVATIONS else ())
+            variants.append((("activation", gate["activation"]),) + extra
+                            + (("_activation_children", activation_children(module)),))
+        return variants
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
 
     def verify(self, module, fused_cls, context):
         inputs = self.inputs(module, context)
+        options = fused_cls._fused_ops_options
+        if dict(options)["activation"] not in ACTIVATIONS:  # a gate kept as it is: the experts ops prove it
+            implementation = _current_implementation(module)
+            if implementation not in fused_experts.STOCK_IMPLEMENTATIONS or not fused_experts.takes(module):
+                raise probe.Mismatch(f"its gate is its own, and its experts implementation ({implementation!r}) "
+                                     "or weights are not ones the experts ops take")
+            cls = self.fused_class(module, tuple(options) + (("implementations", (implementation,)),))
+            probe.verify(module, cls, inputs, large_inputs=self.large_inputs)
+            return
         calls = []
         stock_gate = type(module)._apply_gate
 
