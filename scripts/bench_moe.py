@@ -1,5 +1,7 @@
 """Benchmark the experts' ops (moe_permute + moe_expert_mlp + moe_unpermute), forward + backward, against
-transformers' grouped_mm experts implementation (eager and under torch.compile) in one run on one GPU (bf16).
+transformers' grouped_mm experts implementation (eager and under torch.compile) and Liger-Kernel's fused MoE
+(`LigerFusedMoEFunction`, what its LigerExperts runs; left out where liger-kernel is not importable) in one
+run on one GPU (bf16).
 
 A layer of Qwen3-30B-A3B by default: 8192 tokens, top-8 of 128 experts, H 2048, I 768, SiLU gate, router
 weights from a softmax over random logits. The loss weighs the output by a random tensor; gradients reach the
@@ -12,6 +14,7 @@ format; everything to OUT/bench_moe.json.
     python scripts/bench_moe.py [--csv docs/results.csv] [--out DIR] [--tokens 8192] [--repeats 10]
 """
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -24,7 +27,7 @@ import fused_ops
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, source_commit  # noqa: E402
 
-VARIANTS = ["fused", "eager", "compile"]  # eager / compile: transformers' grouped_mm implementation
+VARIANTS = ["fused", "eager", "compile", "liger"]  # eager / compile: transformers' grouped_mm implementation
 
 
 class Experts(torch.nn.Module):
@@ -92,6 +95,12 @@ def main():
     def fused(x, index, weights):
         return fused_ops.moe_experts(x, index, weights, module.gate_up_proj, module.down_proj)
     forwards = {"fused": fused, "eager": stock, "compile": torch.compile(stock)}
+    if importlib.util.find_spec("liger_kernel") is not None:
+        from liger_kernel.ops import LigerFusedMoEFunction
+
+        def liger(x, index, weights):
+            return LigerFusedMoEFunction.apply(x, module.gate_up_proj, module.down_proj, index.to(torch.int32), weights)
+        forwards["liger"] = liger
 
     def backward_of(forward):
         def step():
@@ -107,7 +116,7 @@ def main():
     row = {"op": "moe_experts", "shape": [args.tokens, args.hidden, args.intermediate, args.experts, args.top_k],
            "dtype": "bfloat16", "mode": "forward+backward"}
     results = {}
-    for variant in VARIANTS:
+    for variant in [v for v in VARIANTS if v in forwards]:
         step = backward_of(forwards[variant])
         step()
         torch.cuda.synchronize()
@@ -126,6 +135,7 @@ def main():
         print(variant, json.dumps(results[variant]), flush=True)
     base = results["eager"]
     summary = {"speedup_vs_grouped_mm": base["ms"] / results["fused"]["ms"],
+               **({"speedup_vs_liger": results["liger"]["ms"] / results["fused"]["ms"]} if "liger" in results else {}),
                "speedup_vs_compiled_grouped_mm": results["compile"]["ms"] / results["fused"]["ms"],
                "saved_vs_grouped_mm": results["fused"]["saved_mb"] / max(base["saved_mb"], 1e-9),
                "peak_vs_grouped_mm": results["fused"]["peak_mb"] / max(base["peak_mb"], 1e-9)}
