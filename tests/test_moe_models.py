@@ -30,7 +30,7 @@ def assert_step_matches(stock, fused, ids, run=None):
     hf_families.assert_gradients_match_stock(fused, stock, rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("model_type", ["qwen3_moe", pytest.param("mixtral", marks=pytest.mark.slow)])
 def test_compiled_step_matches_stock(model_type):
     """torch.compile of the fused model: the experts ops stay in the graph (no break at them)."""
     stock = hf_families.build(model_type)
