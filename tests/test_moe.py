@@ -126,6 +126,19 @@ def test_every_pair_routed_elsewhere_and_no_tokens(device):
     check(make_inputs(0, 8, 4, 3, 2, torch.float64, device), dtype=torch.float64)
 
 
+def test_output_and_hidden_gradient_are_deterministic(device):
+    """Each token's rows are summed in a fixed order, forward and backward: repeated runs agree bit for bit."""
+    x, index, weights, gate_up, down, _, _ = make_inputs(64, 32, 16, 8, 4, torch.float32, device)
+    x.requires_grad_(True)
+    grad = torch.randn(64, 32, generator=torch.Generator().manual_seed(9)).to(device)
+    runs = []
+    for _ in range(3):
+        out = fused_ops.moe_experts(x, index, weights, gate_up, down)
+        runs.append((out.detach(), torch.autograd.grad(out, x, grad)[0]))
+    for out, grad_x in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(grad_x, runs[0][1])
+
+
 def test_permute_is_a_stable_sort_by_expert(device):
     index = torch.tensor([[2, 0], [1, 2], [4, -1], [0, 2]], device=device)
     order, offsets = fused_ops.moe_permute(index, 4)
@@ -281,32 +294,36 @@ def test_torch_func_is_a_clear_error(device):
         torch.func.grad(lambda x: fused_ops.moe_experts(x, index, weights, gate_up, down).sum())(x)
 
 
-def _bad_cases(device):
+def bad_moe_inputs(device):
+    """(call, message) of each bad input of the experts' ops (docs/reliability.md lists the same)."""
     x, index, weights, gate_up, down, _, _ = make_inputs(4, 8, 4, 3, 2, torch.float32, device)
     order, offsets = fused_ops.moe_permute(index, 3)
     mlp = torch.ops.fused.moe_expert_mlp
     return [
-        (lambda: fused_ops.moe_permute(index.float(), 3), "moe_permute: expected top_k_index to be int64 or int32"),
-        (lambda: fused_ops.moe_permute(index, 0), "moe_permute: expected num_experts >= 1"),
+        (lambda: fused_ops.moe_permute(index.float(), 3),
+         "fused::moe_permute: expected top_k_index to be int64 or int32 (each token's experts), but got Float"),
+        (lambda: fused_ops.moe_permute(index, 0), "fused::moe_permute: expected num_experts >= 1, but got 0"),
         (lambda: mlp(x, order, offsets.long(), weights, gate_up, down, None, None, "silu", False),
-         "moe_expert_mlp: expected offsets to be Int"),
+         "fused::moe_expert_mlp: expected offsets to be Int (as moe_permute returns it), but got Long"),
         (lambda: mlp(x, order[:-1], offsets, weights, gate_up, down, None, None, "silu", False),
-         "moe_expert_mlp: expected order of size tokens * top_k"),
+         "fused::moe_expert_mlp: expected order of size tokens * top_k = 8, but got 7"),
         (lambda: mlp(x, order, offsets, weights, gate_up.double(), down, None, None, "silu", False),
-         "moe_expert_mlp: expected gate_up_weight to have the same dtype as hidden_states"),
+         "fused::moe_expert_mlp: expected gate_up_weight to have the same dtype as hidden_states (Float), but got "
+         "Double"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down.transpose(1, 2), None, None, "silu", False),
-         "moe_expert_mlp: expected down_weight of shape [experts, 8, 4]"),
+         "fused::moe_expert_mlp: expected down_weight of shape [experts, 8, 4], but got shape [3, 4, 8]"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "relu", False),
-         "moe_expert_mlp: expected activation 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', but got 'relu'"),
+         "fused::moe_expert_mlp: expected activation 'silu', 'gelu', 'gelu_tanh' or 'swiglu_oai', but got 'relu'"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down, None, None, "swiglu_oai", False, False, 1.7, 0.0),
-         "moe_expert_mlp: expected a finite alpha and a finite limit > 0"),
+         "fused::moe_expert_mlp: expected a finite alpha and a finite limit > 0 for 'swiglu_oai', but got alpha 1.7, "
+         "limit 0"),
         (lambda: mlp(x, order, offsets, weights, gate_up, down, torch.zeros(3, 5, device=device), None, "silu", False),
-         "moe_expert_mlp: expected gate_up_bias of shape [experts = 3, 8]"),
+         "fused::moe_expert_mlp: expected gate_up_bias of shape [experts = 3, 8], but got shape [3, 5]"),
         (lambda: fused_ops.moe_unpermute(torch.zeros(8, 8, device=device), order, offsets, 3),
-         "moe_unpermute: expected top_k >= 1 dividing the pairs"),
+         "fused::moe_unpermute: expected top_k >= 1 dividing the pairs (8), but got 3"),
     ]
 
 
 @pytest.mark.parametrize("case", range(10))
 def test_bad_inputs(device, case):
-    assert_bad_input_rejected(_bad_cases(device), case)
+    assert_bad_input_rejected(bad_moe_inputs(device), case)

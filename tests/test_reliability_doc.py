@@ -9,6 +9,7 @@ from test_gated_mul import bad_gated_mul_inputs
 from test_errors import bad_relu_add_inputs, bad_relu_add_mask_inputs
 from test_linear_cross_entropy import bad_linear_cross_entropy_inputs
 from test_linear_log_probs import bad_linear_log_probs_inputs
+from test_moe import bad_moe_inputs
 from test_norms import bad_norm_inputs
 from test_rotary import bad_rotary_inputs
 from test_silu_mul_linear import bad_silu_mul_linear_inputs
@@ -33,6 +34,7 @@ def messages_raised_by_tests(device):
     messages |= {message for _, message in bad_linear_log_probs_inputs(device)}
     messages |= {message for _, message in bad_silu_mul_linear_inputs(device)}
     messages |= {message for _, message in bad_gated_mul_inputs(device)}
+    messages |= {message for _, message in bad_moe_inputs(device)}
     messages.add("fused::relu_add_backward: expected x to have the shape of grad")  # test_errors
     return messages
 
