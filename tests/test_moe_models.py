@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import fused_ops
+from fused_ops.patching.families import EXPECTED_FUSIONS
 
 pytest.importorskip("transformers")
 import hf_families  # noqa: E402
@@ -66,3 +67,41 @@ def test_shared_experts_beside_the_routed_ones(model_type):
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     assert calls.get("moe_expert_mlp", 0) >= 1, calls
     assert_step_matches(stock, fused, ids)
+
+
+MOE_FAMILIES = sorted(t for t, kinds in EXPECTED_FUSIONS.items() if "experts_gate" in kinds)
+
+
+def _step(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.detach().float(), {n: p.grad.float() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _distance(got, want):
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.cuda_only
+@pytest.mark.parametrize("implementation", ["grouped_mm", "eager"])
+@pytest.mark.parametrize("model_type", MOE_FAMILIES)
+def test_bf16_step_on_cuda_is_as_close_to_float32_as_stock(model_type, implementation):
+    """In bfloat16 on the GPU, the fused model's loss and every gradient are as close to the float32 stock
+    model's as the bfloat16 stock model's are (norm-wise, within twice its distance plus one rounding), under
+    transformers' grouped products and under its eager loop; the experts run as the experts ops."""
+    reference = hf_families.build(model_type).to("cuda")
+    reference.set_experts_implementation(implementation)
+    stock = copy.deepcopy(reference).to(torch.bfloat16)
+    fused = fuse(copy.deepcopy(stock))
+    ids = hf_families.batch(reference).cuda()
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    assert calls.get("moe_expert_mlp", 0) >= 1, calls
+    want_loss, want_grads = _step(reference, ids)
+    stock_loss, stock_grads = _step(stock, ids)
+    got_loss, got_grads = _step(fused, ids)
+    rounding = 2.0 ** -8
+    assert abs(got_loss - want_loss) <= 2 * abs(stock_loss - want_loss) + rounding * abs(want_loss)
+    for name, want in want_grads.items():
+        bound = 2 * _distance(stock_grads[name], want) + rounding
+        assert _distance(got_grads[name], want) <= bound, name
