@@ -9,7 +9,9 @@ activation of every pair.
 `fused_ops.fuse(model)` selects it by itself for every experts module whose gate it proves. The gates it
 computes: act(gate) * up for SiLU, GELU and tanh-GELU, and gpt-oss's clamped SwiGLU, on [gate; up] halves or
 interleaved columns. Experts it cannot take (no gate, quantised weights, another gate) run transformers'
-grouped products instead: the result is the stock one either way.
+grouped products instead: the result is the stock one either way. The gate is proven at a module's first call outside
+torch.compile's tracing; a model compiled before any eager call traces transformers' grouped products (fuse()
+proves the gate up front, so a fused model compiles with the experts ops).
 """
 import torch
 
