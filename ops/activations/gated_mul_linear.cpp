@@ -2,31 +2,13 @@
 // backend, and gated_mul's backward from differentiable ATen ops. The checks (registration/checks.cpp) have run.
 #include "gated_mul_linear.h"
 
-#include <ATen/core/dispatch/Dispatcher.h>
-
 #include "../common/tensors.h"
+#include "registered_ops.h"
 
 namespace fused_ops {
-namespace {
 
-at::Tensor gated_mul(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gated_mul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(gate, up, activation);
-}
-
-std::tuple<at::Tensor, at::Tensor> gated_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
-                                                      const at::Tensor& up, c10::string_view activation) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fused::gated_mul_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    c10::string_view)>();
-  return op.call(grad, gate, up, activation);
-}
-
-}  // namespace
+using registered::gated_mul;
+using registered::gated_mul_backward;
 
 std::tuple<at::Tensor, at::Tensor> gated_mul_backward_composite(const at::Tensor& grad, const at::Tensor& gate,
                                                                 const at::Tensor& up, GatedActivation activation) {

@@ -1,6 +1,7 @@
 // The experts' ops for every backend: ATen's sort and products (torch's grouped products on CUDA) around the
 // backend's row kernels (MoeRowKernels) and the experts' gate (gate.cpp). The checks
 // (registration/checks_moe.cpp) have run.
+#include <ATen/OpMathType.h>
 #include <torch/version.h>
 
 #include "moe.h"
@@ -9,11 +10,6 @@ namespace fused_ops {
 namespace {
 
 bool given(const std::optional<at::Tensor>& tensor) { return tensor.has_value() && tensor->defined(); }
-
-// The dtype sums and dots run in: float64 for float64 operands, else float32.
-at::ScalarType sum_dtype(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
 
 // Whether torch's grouped product (cuBLAS / CUTLASS on the GPU) takes these operands: bfloat16 on CUDA with
 // 16-byte aligned rows; elsewhere one product per expert.
@@ -65,12 +61,13 @@ at::Tensor grouped_outer_product(const at::Tensor& a, const at::Tensor& b, const
   return out;
 }
 
-// [E, N] (sum_dtype): each expert's rows of values [S, N] summed, in a fixed order (segment sums, no atomics).
+// [E, N] in opmath: each expert's rows of values [S, N] summed, in a fixed order (segment sums, no atomics).
 at::Tensor expert_sums(const at::Tensor& values, const at::Tensor& offsets) {
   const int64_t rows = values.size(0), experts = offsets.numel();
   const at::Tensor bounds = at::cat({at::zeros({1}, offsets.options().dtype(at::kLong)), offsets.to(at::kLong),
                                      at::full({1}, rows, offsets.options().dtype(at::kLong))});
-  const at::Tensor sums = at::segment_reduce(values.to(sum_dtype(values)), "sum", std::nullopt, std::nullopt, bounds, 0,
+  const at::Tensor opmath_values = values.to(at::toOpMathType(values.scalar_type()));
+  const at::Tensor sums = at::segment_reduce(opmath_values, "sum", std::nullopt, std::nullopt, bounds, 0,
                                              /*unsafe=*/true, at::Scalar(0.0));
   return sums.narrow(0, 0, experts);
 }
@@ -220,7 +217,7 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad
   const at::Tensor gathered = kernels.gather(grad, order, offsets, top_k);  // grad of each pair's token, 0 past end
   at::Tensor grad_rows = at::empty({0}, grad.options());
   at::Tensor grad_routing = at::empty({0}, grad.options());
-  const at::ScalarType opmath = sum_dtype(grad);
+  const at::ScalarType opmath = at::toOpMathType(grad.scalar_type());
   if (output_mask[0]) {
     const at::ScalarType dtype = rows.defined() ? rows.scalar_type() : grad.scalar_type();
     grad_rows = given(routing_weights)

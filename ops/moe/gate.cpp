@@ -1,8 +1,9 @@
 // The experts' gate on the gate/up product of every pair, and its gradient: act(gate) * up through the fused
 // silu_mul / gelu_mul ops ([gate; up] halves) or gated_mul (gate and up interleaved, column 2i and 2i + 1), and
 // gpt-oss's clamped SwiGLU from ATen's ops in float32.
-#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/OpMathType.h>
 
+#include "../activations/registered_ops.h"
 #include "moe.h"
 
 namespace fused_ops {
@@ -22,47 +23,19 @@ at::Tensor joined(const at::Tensor& grad_gate, const at::Tensor& grad_up, bool i
   return interleaved ? at::stack({grad_gate, grad_up}, 2).flatten(1) : at::cat({grad_gate, grad_up}, 1);
 }
 
-at::Tensor call_gated_mul(const at::Tensor& gate, const at::Tensor& up, c10::string_view activation) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gated_mul", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(gate, up, activation);
-}
-
-std::tuple<at::Tensor, at::Tensor> call_gated_mul_backward(const at::Tensor& grad, const at::Tensor& gate,
-                                                           const at::Tensor& up, c10::string_view activation) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("fused::gated_mul_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                                    c10::string_view)>();
-  return op.call(grad, gate, up, activation);
-}
-
-at::ScalarType opmath_of(const at::Tensor& tensor) {
-  return tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
-
 }  // namespace
 
 at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options) {
   auto [gate, up] = gate_and_up(gate_up, options.interleaved);
   if (options.activation == "swiglu_oai") {
     // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit)
-    const at::Tensor g = gate.to(opmath_of(gate)).clamp_max(options.limit);
-    const at::Tensor u = up.to(opmath_of(up)).clamp(-options.limit, options.limit);
+    const at::Tensor g = gate.to(at::toOpMathType(gate.scalar_type())).clamp_max(options.limit);
+    const at::Tensor u = up.to(at::toOpMathType(up.scalar_type())).clamp(-options.limit, options.limit);
     return ((u + 1) * g * at::sigmoid(g * options.alpha)).to(gate_up.scalar_type());
   }
-  if (options.interleaved) return call_gated_mul(gate, up, options.activation);
-  if (options.activation == "silu") {
-    static const auto op =
-        c10::Dispatcher::singleton().findSchemaOrThrow("fused::silu_mul", "").typed<at::Tensor(const at::Tensor&)>();
-    return op.call(gate_up);
-  }
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gelu_mul", "")
-                             .typed<at::Tensor(const at::Tensor&, c10::string_view)>();
-  return op.call(gate_up, gelu_approximation(options.activation));
+  if (options.interleaved) return registered::gated_mul(gate, up, options.activation);
+  if (options.activation == "silu") return registered::silu_mul(gate_up);
+  return registered::gelu_mul(gate_up, gelu_approximation(options.activation));
 }
 
 at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options) {
@@ -70,7 +43,7 @@ at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_
   if (options.activation == "swiglu_oai") {
     // Where a clamp holds its input at the limit, that input gets no gradient (clamp's own rule: inside the
     // bounds, the bounds included, it passes).
-    const at::ScalarType opmath = opmath_of(gate);
+    const at::ScalarType opmath = at::toOpMathType(gate.scalar_type());
     const at::Tensor gate_value = gate.to(opmath), up_value = up.to(opmath), gradient = grad.to(opmath);
     const at::Tensor g = gate_value.clamp_max(options.limit);
     const at::Tensor u = up_value.clamp(-options.limit, options.limit);
@@ -82,19 +55,11 @@ at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_
     return joined(grad_gate, grad_up, options.interleaved).to(gate_up.scalar_type());
   }
   if (options.interleaved) {
-    auto [grad_gate, grad_up] = call_gated_mul_backward(grad, gate, up, options.activation);
+    auto [grad_gate, grad_up] = registered::gated_mul_backward(grad, gate, up, options.activation);
     return joined(grad_gate, grad_up, true);
   }
-  if (options.activation == "silu") {
-    static const auto op = c10::Dispatcher::singleton()
-                               .findSchemaOrThrow("fused::silu_mul_backward", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-    return op.call(grad, gate_up);
-  }
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("fused::gelu_mul_backward", "")
-                             .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(grad, gate_up, gelu_approximation(options.activation));
+  if (options.activation == "silu") return registered::silu_mul_backward(grad, gate_up);
+  return registered::gelu_mul_backward(grad, gate_up, gelu_approximation(options.activation));
 }
 
 }  // namespace fused_ops
