@@ -133,7 +133,12 @@ class ExpertsGateRule(Rule):
         if not fused_experts.takes(module) or _current_implementation(module) is None:
             return options
         inputs, proven = self.inputs(module, context), []
+        # A gate kept as it is was proven on the model's own implementation by verify already.
+        own = _current_implementation(module) if dict(options)["activation"] not in ACTIVATIONS else None
         for implementation in fused_experts.STOCK_IMPLEMENTATIONS:
+            if implementation == own:
+                proven.append(implementation)
+                continue
             fused_cls = self.fused_class(module, tuple(options) + (("implementations", (implementation,)),))
             try:
                 with _experts_implementation(module, implementation):
