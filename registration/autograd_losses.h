@@ -29,12 +29,12 @@ inline const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, TensorRef, co
 inline const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool, double,
                                  double)>
     linear_log_probs_op{"fused::linear_log_probs"};
-inline const FusedOp<ThreeTensors(TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool,
-                                   double, double)>
+inline const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+    TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool, double, double, bool)>
     linear_log_probs_with_log_sum_exp_op{"fused::linear_log_probs_with_log_sum_exp"};
 inline const FusedOp<ThreeTensors(const OptionalTensor&, const OptionalTensor&, TensorRef, TensorRef, TensorRef,
                            const OptionalTensor&, double, int64_t, GradientMask, double, double, const OptionalTensor&,
-                           const OptionalTensor&)>
+                           const OptionalTensor&, const OptionalTensor&)>
     linear_log_probs_backward_op{"fused::linear_log_probs_backward"};
 
 
@@ -113,7 +113,8 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
 
 // linear_log_probs. The per-row weights of both outputs (advantages, ratios, KL terms) are known only in
 // the backward, which recomputes the logits chunk by chunk of classes from the rows' log-sum-exp (and
-// entropy) the forward saves. An output whose gradient is absent (unused in the loss, or the entropy not
+// entropy) the forward saves, all but those of the first classes, which the forward keeps where a
+// gradient will be asked for (never under no_grad). An output whose gradient is absent (unused in the loss, or the entropy not
 // asked for) costs nothing in the backward's kernel.
 class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFunction> {
  public:
@@ -126,10 +127,12 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
     ctx->saved_data["head"] = c10::IValue(std::make_tuple(logit_scale, softcap));
     ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));
     ctx->set_materialize_grads(false);
-    auto [log_probs, entropy, log_sum_exp] = linear_log_probs_with_log_sum_exp_op(
-        input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap);
+    // The autograd kernel runs this only where a gradient is recorded (AutogradKernel, autograd.h).
+    const bool keep_logits = mask[0] || mask[1];
+    auto [log_probs, entropy, log_sum_exp, kept_logits] = linear_log_probs_with_log_sum_exp_op(
+        input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap, keep_logits);
     ctx->save_for_backward({input, weight, target, bias.has_value() ? *bias : at::Tensor(), log_sum_exp,
-                            return_entropy ? entropy : at::Tensor()});
+                            return_entropy ? entropy : at::Tensor(), kept_logits});
     if (!return_entropy) ctx->mark_non_differentiable({entropy});
     return {log_probs, entropy};
   }
@@ -149,7 +152,7 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
     const OptionalTensor bias = saved[3].defined() ? OptionalTensor(saved[3]) : std::nullopt;
     auto [grad_input, grad_weight, grad_bias] = linear_log_probs_backward_op(
         grad_log_probs, grad_entropy, saved[0], saved[1], saved[2], bias, temperature, ignore_index, mask, logit_scale,
-        softcap, saved[4], saved[5].defined() ? OptionalTensor(saved[5]) : std::nullopt);
+        softcap, saved[4], saved[5].defined() ? OptionalTensor(saved[5]) : std::nullopt, saved[6]);
     return {mask[0] ? grad_input : at::Tensor(), mask[1] ? grad_weight : at::Tensor(), at::Tensor(),
             mask[2] ? grad_bias : at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

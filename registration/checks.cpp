@@ -397,8 +397,9 @@ LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tenso
 void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
                                       const std::optional<at::Tensor>& grad_entropy,
                                       const std::optional<at::Tensor>& log_sum_exp,
-                                      const std::optional<at::Tensor>& entropy, const at::Tensor& input,
-                                      const at::Tensor& target) {
+                                      const std::optional<at::Tensor>& entropy,
+                                      const std::optional<at::Tensor>& kept_logits, const at::Tensor& input,
+                                      const at::Tensor& weight, const at::Tensor& target) {
   const char* op = "linear_log_probs_backward";
   for (const auto& [name, gradient] : {std::make_pair("grad_log_probs", &grad_log_probs),
                                        std::make_pair("grad_entropy", &grad_entropy),
@@ -410,6 +411,16 @@ void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_
     check_same_device(op, name, tensor, "input", input);
     check_same_shape(op, name, tensor, "target", target);
   }
+  if (!kept_logits.has_value() || !kept_logits->defined() || kept_logits->sym_numel() == 0) return;
+  const at::Tensor& kept = *kept_logits;
+  check_same_dtype(op, "kept_logits", kept, "input", input);
+  check_same_device(op, "kept_logits", kept, "input", input);
+  const bool leading_dims_match = kept.dim() == input.dim() && kept.sym_sizes().slice(0, input.dim() - 1).equals(
+                                                                    input.sym_sizes().slice(0, input.dim() - 1));
+  TORCH_CHECK(leading_dims_match && kept.sym_size(-1) <= weight.sym_size(0), "fused::", op,
+              ": expected kept_logits (the forward's) of input's leading dims and at most weight.size(0) (",
+              weight.sym_size(0), ") classes, got kept_logits of shape ", kept.sym_sizes(), " for input of shape ",
+              input.sym_sizes());
 }
 
 }  // namespace fused_ops

@@ -95,11 +95,13 @@ LogProbsOptions check_linear_log_probs_arguments(const char* op, const at::Tenso
                                                  double temperature, int64_t ignore_index, bool return_entropy,
                                                  double logit_scale, double softcap);
 // grad_log_probs, grad_entropy and the forward's log_sum_exp and entropy (each may be absent): floating, on
-// input's device, of target's shape.
+// input's device, of target's shape; the forward's kept logits (may be absent or [0]): input's dtype and
+// device, input's leading dims and at most V classes.
 void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_probs,
                                       const std::optional<at::Tensor>& grad_entropy,
                                       const std::optional<at::Tensor>& log_sum_exp,
-                                      const std::optional<at::Tensor>& entropy, const at::Tensor& input,
-                                      const at::Tensor& target);
+                                      const std::optional<at::Tensor>& entropy,
+                                      const std::optional<at::Tensor>& kept_logits, const at::Tensor& input,
+                                      const at::Tensor& weight, const at::Tensor& target);
 
 }  // namespace fused_ops

@@ -183,13 +183,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_cross_entropy_backward_ent
 // linear_log_probs' kernels take the options checked: `Kernels` is LinearLogProbsKernels<backend>
 // (ops/cross_entropy/linear_log_probs.h) or the Meta kernels.
 template <typename Kernels>
-std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_log_probs_with_log_sum_exp_entry(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_log_probs_with_log_sum_exp_entry(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
-    double temperature, int64_t ignore_index, bool return_entropy, double logit_scale, double softcap) {
+    double temperature, int64_t ignore_index, bool return_entropy, double logit_scale, double softcap,
+    bool keep_logits) {
   const LogProbsOptions options = check_linear_log_probs_arguments("linear_log_probs_with_log_sum_exp", input, weight,
                                                                    target, bias, temperature, ignore_index,
                                                                    return_entropy, logit_scale, softcap);
-  return Kernels::forward(input, weight, target, bias, options);
+  return Kernels::forward(input, weight, target, bias, options, keep_logits);
 }
 
 template <typename Kernels>
@@ -199,7 +200,7 @@ std::tuple<at::Tensor, at::Tensor> linear_log_probs_entry(const at::Tensor& inpu
                                                           double logit_scale, double softcap) {
   const LogProbsOptions options = check_linear_log_probs_arguments(
       "linear_log_probs", input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap);
-  auto [log_probs, entropy, log_sum_exp] = Kernels::forward(input, weight, target, bias, options);
+  auto [log_probs, entropy, log_sum_exp, kept_logits] = Kernels::forward(input, weight, target, bias, options, false);
   return {log_probs, entropy};
 }
 
@@ -208,13 +209,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_log_probs_backward_entry(
     const std::optional<at::Tensor>& grad_log_probs, const std::optional<at::Tensor>& grad_entropy,
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
     double temperature, int64_t ignore_index, std::array<bool, 3> output_mask, double logit_scale, double softcap,
-    const std::optional<at::Tensor>& log_sum_exp, const std::optional<at::Tensor>& entropy) {
+    const std::optional<at::Tensor>& log_sum_exp, const std::optional<at::Tensor>& entropy,
+    const std::optional<at::Tensor>& kept_logits) {
   const LogProbsOptions options = check_linear_log_probs_arguments("linear_log_probs_backward", input, weight, target,
                                                                    bias, temperature, ignore_index, false, logit_scale,
                                                                    softcap);
-  check_linear_log_probs_gradients(grad_log_probs, grad_entropy, log_sum_exp, entropy, input, target);
+  check_linear_log_probs_gradients(grad_log_probs, grad_entropy, log_sum_exp, entropy, kept_logits, input, weight,
+                                   target);
   return Kernels::backward(grad_log_probs, grad_entropy, input, weight, target, bias, options, output_mask, log_sum_exp,
-                           entropy);
+                           entropy, kept_logits);
 }
 
 // silu_mul_linear has one implementation for every backend (the composite registration).

@@ -111,21 +111,29 @@ struct LinearCrossEntropyMeta {
 };
 
 // linear_log_probs: its outputs and the log-sum-exp of target's shape (the entropy [0] when not asked
-// for), and each gradient asked for like its input, as ops/cross_entropy/log_probs_chunked.cpp returns them.
+// for), the kept logits [..., K] (K from the weight's shape alone), and each gradient asked for like its
+// input, as ops/cross_entropy/log_probs_chunked.cpp returns them.
 struct LinearLogProbsMeta {
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor&,
-                                                                const at::Tensor& target,
-                                                                const std::optional<at::Tensor>&,
-                                                                const LogProbsOptions& options) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>&,
+      const LogProbsOptions& options, bool keep_logits) {
     const at::TensorOptions output_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
+    const int64_t kept_classes = log_probs_kept_classes(weight, keep_logits);
+    at::Tensor kept_logits = at::empty({0}, input.options());
+    if (kept_classes > 0) {
+      std::vector<c10::SymInt> kept_shape(input.sym_sizes().begin(), input.sym_sizes().end() - 1);
+      kept_shape.emplace_back(kept_classes);
+      kept_logits = at::empty_symint(kept_shape, input.options());
+    }
     return {at::empty_symint(target.sym_sizes(), output_options),
             options.return_entropy ? at::empty_symint(target.sym_sizes(), output_options) : at::empty({0}, output_options),
-            at::empty_symint(target.sym_sizes(), output_options)};
+            at::empty_symint(target.sym_sizes(), output_options), kept_logits};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
       const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, const at::Tensor& input,
       const at::Tensor& weight, const at::Tensor&, const std::optional<at::Tensor>& bias, const LogProbsOptions&,
-      std::array<bool, 3> mask, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&) {
+      std::array<bool, 3> mask, const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+      const std::optional<at::Tensor>&) {
     return LinearCrossEntropyMeta::gradients(input, weight, bias, mask);
   }
 };

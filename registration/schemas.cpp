@@ -110,18 +110,22 @@ TORCH_LIBRARY(fused, m) {
         "(Tensor log_probs, Tensor entropy)",
         tags);
   // linear_log_probs and each row's log-sum-exp of z (the output dtype, of target's shape), which its
-  // backward takes: what the autograd kernel runs.
+  // backward takes: what the autograd kernel runs. With keep_logits, kept_logits [..., K] (input's leading
+  // dims and dtype) holds input @ weight[:K].T + bias[:K] for the K classes the plan keeps
+  // (ops/cross_entropy/launch_plan.h; FUSED_OPS_KEPT_CLASSES), which the backward then does not recompute;
+  // without, an empty [0] tensor.
   m.def("linear_log_probs_with_log_sum_exp(Tensor input, Tensor weight, Tensor target, Tensor? bias, "
-        "float temperature, int ignore_index, bool return_entropy, float logit_scale, float softcap) -> "
-        "(Tensor log_probs, Tensor entropy, Tensor log_sum_exp)",
+        "float temperature, int ignore_index, bool return_entropy, float logit_scale, float softcap, "
+        "bool keep_logits=False) -> (Tensor log_probs, Tensor entropy, Tensor log_sum_exp, Tensor kept_logits)",
         tags);
   // The gradients where output_mask says (input, weight, bias) for the gradients of the log-probabilities
   // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk of classes; the
-  // others empty. log_sum_exp and entropy: the forward's (None: computed again, one more product).
+  // others empty. log_sum_exp and entropy: the forward's (None: computed again, one more product);
+  // kept_logits: the forward's (None or [0]: every class's logits recomputed).
   m.def("linear_log_probs_backward(Tensor? grad_log_probs, Tensor? grad_entropy, Tensor input, Tensor weight, "
         "Tensor target, Tensor? bias, float temperature, int ignore_index, bool[3] output_mask, "
-        "float logit_scale=1.0, float softcap=0.0, Tensor? log_sum_exp=None, Tensor? entropy=None) -> "
-        "(Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
+        "float logit_scale=1.0, float softcap=0.0, Tensor? log_sum_exp=None, Tensor? entropy=None, "
+        "Tensor? kept_logits=None) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)",
         tags);
   // Mixture-of-experts experts (ops/moe/moe.h has the math). The pairs p = t * top_k + j of top_k_index [T, top_k]
   // sorted by expert (stable; ids outside [0, num_experts) last): order [T * top_k] int64 and offsets

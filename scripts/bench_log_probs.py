@@ -9,11 +9,13 @@ trl.kernels.chunked_logprob.ChunkedLogProbFunction with TRL's own chunk of class
 where TRL is not installed). For each shape and variant: the median time (CUDA events), the peak memory
 above the inputs and the gradients, the error of both results and of the gradients against a float64
 reference computed chunk by chunk on the GPU (norm-wise, relative), and each gradient's distance from
-torch.compile's. For the fused op, where the time goes: the products (cuBLAS), its own kernels, the other
+torch.compile's (with --cross-entropy also linear_cross_entropy's weight gradient's distance from
+torch.compile's). For the fused op, where the time goes: the products (cuBLAS), its own kernels, the other
 kernels, and the gaps between kernels (profiler). Rows go to the CSV in scripts/bench.py's format;
 everything to OUT/bench_log_probs.json.
 
     python scripts/bench_log_probs.py [--csv docs/results.csv] [--out DIR] [--shapes 0 1 2 3] [--repeats 5]
+                                      [--cross-entropy]
 """
 import argparse
 import importlib.util
@@ -158,6 +160,23 @@ def errors(function, x, weight, target, token_weights, return_entropy, softcap, 
     return found, (grad_x, grad_weight)
 
 
+def cross_entropy_weight_gradient_distance(x, weight, target, softcap):
+    """linear_cross_entropy's weight gradient (mean loss) against torch.compile's of the eager loss over the
+    same bf16 inputs (norm-wise, relative): the accuracy of its chunked weight-gradient sum."""
+    def eager(x, weight, target):
+        logits = F.linear(x, weight).float()
+        if softcap:
+            logits = softcap * torch.tanh(logits / softcap)
+        return F.cross_entropy(logits, target)
+    compiled = torch.compile(eager)
+    gradients = []
+    for loss in (lambda w: fused_ops.linear_cross_entropy(x, w, target, softcap=softcap), lambda w: compiled(x, w, target)):
+        leaf = weight.detach().requires_grad_(True)
+        gradients.append(torch.autograd.grad(loss(leaf), leaf)[0])
+        torch.cuda.empty_cache()
+    return relative(*gradients)
+
+
 def time_breakdown_ms(step):
     """One fused step's GPU time by kind of kernel, and the step's wall time on the GPU (CUDA events)."""
     from torch.profiler import ProfilerActivity, profile
@@ -223,6 +242,10 @@ def run(args):
             except torch.OutOfMemoryError as error:
                 print(f"{op} {variant}: out of memory ({error})", file=sys.stderr)
             torch.cuda.empty_cache()
+        if args.cross_entropy:
+            row["cross_entropy_grad_weight_vs_compile"] = cross_entropy_weight_gradient_distance(x, weight, target,
+                                                                                                 softcap)
+            torch.cuda.empty_cache()
         if "compile" in gradients:
             for variant in ("fused", "trl"):
                 if variant in gradients:
@@ -265,6 +288,9 @@ def print_row(row, variants):
         print(f"  {variant} error vs float64: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
     for variant, found in row["vs_compile"].items():
         print(f"  {variant} gradients vs torch.compile's: " + ", ".join(f"{k} {v:.2e}" for k, v in found.items()))
+    if "cross_entropy_grad_weight_vs_compile" in row:
+        print(f"  linear_cross_entropy's weight gradient vs torch.compile's: "
+              f"{row['cross_entropy_grad_weight_vs_compile']:.2e}")
 
 
 def main():
@@ -272,6 +298,8 @@ def main():
     parser.add_argument("--shapes", nargs="+", type=int, default=list(range(len(SHAPES))),
                         help="indices into SHAPES: " + ", ".join(f"{i}: {s}" for i, s in enumerate(SHAPES)))
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cross-entropy", action="store_true",
+                        help="also linear_cross_entropy's weight gradient against torch.compile's at each shape")
     parser.add_argument("--out", default="bench_out")
     parser.add_argument("--csv", default=None, help="CSV to append the rows to (default OUT/results.csv)")
     args = parser.parse_args()

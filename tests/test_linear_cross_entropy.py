@@ -100,6 +100,25 @@ def test_several_chunks(device, dtype, monkeypatch):
     check(x, weight, target, bias, dtype, "mean", 0.1)
 
 
+def test_16_bit_weight_gradient_is_rounded_once_over_several_chunks(device, monkeypatch):
+    """The weight's gradient sums one product per chunk of rows in float32 and rounds once: against the
+    float64 product of the bfloat16 logits' gradient, within 1.5x of rounding it to bfloat16 once; a
+    bfloat16 sum over the 8 chunks would round 8 times."""
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")  # 4096 rows of 1024 classes: 8 chunks of 512 rows
+    x, weight, target, _ = make_inputs((4096,), 64, 1024, torch.bfloat16, device, bias=False)
+    weight.requires_grad_(True)
+    loss = fused_ops.linear_cross_entropy(x, weight, target, None, -100, 0.0, "sum")
+    grad, = torch.autograd.grad(loss, weight)
+    x64 = x.double()
+    logits = (x64 @ weight.detach().double().t()).to(torch.bfloat16).double().requires_grad_(True)
+    want_loss = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
+    grad_logits, = torch.autograd.grad(want_loss, logits)
+    want = grad_logits.to(torch.bfloat16).double().t() @ x64
+    rounding = ((want.to(torch.bfloat16).double() - want).norm() / want.norm()).item()
+    error = ((grad.double() - want).norm() / want.norm()).item()
+    assert error < 1.5 * rounding, (error, rounding)
+
+
 def test_gradients_ignore_what_earlier_memory_left_in_the_buffer(device, dtype):
     """The chunk buffer's rows are padded to whole vectors (ops/cross_entropy/launch_plan.h), and the
     allocator hands it out with what an earlier tensor of its size left there: here NaN, freed just

@@ -161,6 +161,55 @@ def test_several_chunks_of_classes(device, dtype, monkeypatch):
     check(x, weight, target, bias, dtype, 0.8, logit_scale=0.5, softcap=3.0)
 
 
+@pytest.mark.parametrize("kept", ["512", "100000"], ids=["some_classes", "every_class"])
+def test_backward_reads_the_logits_the_forward_kept(device, dtype, kept, monkeypatch):
+    """The forward keeps the raw logits of the first classes (FUSED_OPS_KEPT_CLASSES: 512, or all 7000) and
+    the backward reads them in place of a product, its chunks of classes ending where the kept ones end (1 MB
+    chunks of 1536 classes for 300 rows): values and gradients against float64."""
+    monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "1")
+    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", kept)
+    x, weight, target, bias = make_inputs((3, 100), 8, 7000, dtype, device)
+    check(x, weight, target, bias, dtype, 0.8, logit_scale=0.5, softcap=3.0)
+    kept_logits = torch.ops.fused.linear_log_probs_with_log_sum_exp(
+        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, True, 0.5, 3.0, True)[3]
+    classes = min(int(kept), 7000)
+    assert kept_logits.shape == (3, 100, classes) and kept_logits.dtype == dtype
+    want = F.linear(x.detach().double(), weight.detach().double()[:classes], bias.detach().double()[:classes])
+    tolerance = TOLERANCE[dtype] * 4
+    torch.testing.assert_close(kept_logits.double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item())
+
+
+def test_a_second_backward_reads_the_same_kept_logits(device, monkeypatch):
+    """The backward writes the gradient beside the kept logits, never over them: a second backward through
+    the same graph (retain_graph) gives the same gradients."""
+    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", "256")
+    x, weight, target, bias = make_inputs((40,), 8, 600, torch.float32, device)
+    leaves = [t.requires_grad_(True) for t in (x, weight, bias)]
+    log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, bias, return_entropy=True)
+    loss = (log_probs * torch.randn_like(log_probs)).sum() + entropy.sum()
+    first = torch.autograd.grad(loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(loss, leaves)
+    for a, b in zip(first, second):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_kept_classes_setting(device, monkeypatch):
+    """FUSED_OPS_KEPT_CLASSES: whole multiples of 256 classes at most V, 0 for none; anything but a whole
+    number is an error naming the op."""
+    x, weight, target, bias = make_inputs((4,), 8, 700, torch.float32, device)
+    for setting, classes in (("0", 0), ("300", 256), ("700", 512), ("5000", 700)):
+        monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", setting)
+        kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0,
+                                                                True)[3]
+        assert kept.shape == ((4, classes) if classes else (0,)), (setting, kept.shape)
+    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", "many")
+    with pytest.raises(RuntimeError, match=r"fused::linear_log_probs: expected the environment variable "
+                                           r"FUSED_OPS_KEPT_CLASSES to be a whole number of classes from 0 to "
+                                           r"1099511627776 \(the logits of how many classes the forward keeps; 0: "
+                                           r"none\), but got 'many'"):
+        torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0, True)
+
+
 def relative_error(got, want):
     return ((got.double() - want).norm() / want.norm()).item()
 
@@ -194,8 +243,9 @@ def test_the_backward_with_and_without_the_forwards_statistics(device):
     """linear_log_probs_backward given the forward's log-sum-exp and entropy (as the autograd kernel calls
     it) and without them (computed again) gives the same gradients."""
     x, weight, target, bias = make_inputs((9,), 8, 13, torch.float64, device)
-    log_probs, entropy, log_sum_exp = torch.ops.fused.linear_log_probs_with_log_sum_exp(
+    log_probs, entropy, log_sum_exp, kept_logits = torch.ops.fused.linear_log_probs_with_log_sum_exp(
         x, weight, target, bias, 0.7, -100, True, 0.5, 2.0)
+    assert kept_logits.shape == (0,)
     want = reference(x, weight, target, bias, 0.7, -100, True, 0.5, 2.0)
     torch.testing.assert_close(log_probs, want[0])
     torch.testing.assert_close(entropy, want[1])
@@ -263,7 +313,8 @@ def test_backward_op_is_not_differentiable(device):
 @pytest.mark.parametrize("requires_grad", [False, True])
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
 @pytest.mark.parametrize("form", [(), (0.5, 2.0)], ids=["defaults", "scale-cap"])
-def test_opcheck(device, dtype, requires_grad, return_entropy, form):
+def test_opcheck(device, dtype, requires_grad, return_entropy, form, monkeypatch):
+    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", "256")  # every one of the 7 classes' logits kept
     x, weight, target, bias = make_inputs((5,), 8, 7, dtype, device)
     for t in (x, weight, bias):
         t.requires_grad_(requires_grad)
@@ -281,10 +332,19 @@ def test_opcheck(device, dtype, requires_grad, return_entropy, form):
     opcheck(torch.ops.fused.linear_log_probs_backward.default,
             (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
              [True, True, True], scale, cap, statistics[2], statistics[1] if return_entropy else None))
+    kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(*detached, target, bias.detach(), 0.7, -100,
+                                                            return_entropy, scale, cap, True)
+    assert kept[3].shape == (5, 7)
+    opcheck(torch.ops.fused.linear_log_probs_with_log_sum_exp.default,
+            (*detached, target, bias.detach(), 0.7, -100, return_entropy, scale, cap, True))
+    opcheck(torch.ops.fused.linear_log_probs_backward.default,
+            (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
+             [True, True, True], scale, cap, kept[2], kept[1] if return_entropy else None, kept[3]))
 
 
 @pytest.mark.parametrize("return_entropy", [True, False], ids=["entropy", "no_entropy"])
-def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy):
+def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy, monkeypatch):
+    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", "256")  # the kept logits' shape follows the rows
     def step(x, weight, target, bias, advantages):
         result = fused_ops.linear_log_probs(x, weight, target, bias, temperature=0.9, return_entropy=return_entropy,
                                             logit_scale=0.5, softcap=20.0)
@@ -332,13 +392,18 @@ def test_torchscript_save_load_with_backward(device, tmp_path):
 
 
 @pytest.mark.cuda_only
-def test_peak_memory_holds_one_chunk_not_the_logits(monkeypatch):
-    """Forward and backward hold one chunk of logits at a time: 4096 rows x 32000 classes would be
-    512 MB of float32 logits; with 16 MB chunks the peak above the inputs, gradients included (18 MB),
-    stays far below that."""
+@pytest.mark.parametrize("kept", [None, "0"], ids=["plan", "none_kept"])
+def test_peak_memory_holds_one_chunk_not_the_logits(monkeypatch, kept):
+    """Forward and backward hold one chunk of logits at a time beside the logits the forward keeps: 4096
+    rows x 32000 classes would be 512 MB of float32 logits; with 16 MB chunks the peak above the inputs,
+    gradients included (18 MB), stays far below that, plus the plan's kept logits (24 x 256 classes, 48 MB)
+    where they are kept."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "16")
+    if kept is not None:
+        monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", kept)
+    kept_bytes = 0 if kept == "0" else 4096 * 24 * 256 * 2
     x, weight, target, _ = make_inputs((4096,), 256, 32000, torch.bfloat16, "cuda")
     x.requires_grad_(True)
     weight.requires_grad_(True)
@@ -349,8 +414,8 @@ def test_peak_memory_holds_one_chunk_not_the_logits(monkeypatch):
     log_probs, entropy = fused_ops.linear_log_probs(x, weight, target, return_entropy=True)
     torch.autograd.backward([log_probs, entropy], [advantages, -advantages])
     torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - baseline
-    assert extra < 64 << 20, f"{extra / 2**20:.0f} MB above the inputs"
+    extra = torch.cuda.max_memory_allocated() - baseline - kept_bytes
+    assert extra < 64 << 20, f"{extra / 2**20:.0f} MB above the inputs and the kept logits"
 
 
 def bad_linear_log_probs_inputs(device):
@@ -410,6 +475,16 @@ def test_bad_gradients_of_the_backward(device):
                                            r"target \[4\], but got \[5\]"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
                                                   -100, [True, True, True], 1.0, 0.0, torch.zeros(5, device=device))
+    for kept, found in ((torch.zeros(4, 7, device=device), r"\[4, 7\]"), (torch.zeros(2, 2, 3, device=device), r"\[2, 2, 3\]")):
+        with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected kept_logits \(the forward's\) of "
+                                               r"input's leading dims and at most weight.size\(0\) \(6\) classes, got "
+                                               r"kept_logits of shape " + found + r" for input of shape \[4, 8\]"):
+            torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
+                                                      -100, [True, True, True], 1.0, 0.0, None, None, kept)
+    with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected kept_logits to have the same dtype"):
+        torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
+                                                  -100, [True, True, True], 1.0, 0.0, None, None,
+                                                  torch.zeros(4, 3, dtype=torch.float64, device=device))
     with pytest.raises(RuntimeError, match="linear_log_probs_backward: expected grad_log_probs to be float64, float32"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, dtype=torch.long, device=device), None, x, weight,
                                                   target, bias, 1.0, -100, [True, True, True])

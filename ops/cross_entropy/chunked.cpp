@@ -31,7 +31,7 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
   at::Tensor first_logits;
   if (chunk_rows > 0) first_logits = chunks.product(0, std::min(chunk_rows, rows));
 
-  LinearGradients linear_gradients(x, weight, bias, gradients, loss_dtype);
+  LinearGradients linear_gradients(x, weight, bias, gradients, loss_dtype, chunk_rows < rows);
   const bool any_gradient = linear_gradients.any();
   at::Tensor loss_rows = at::empty({rows}, loss_options);
   at::Tensor counted;  // rows not ignored, for the mean

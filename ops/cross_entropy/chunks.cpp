@@ -2,6 +2,9 @@
 #include "chunks.h"
 
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/version.h>
+
+#include <ATen/OpMathType.h>
 
 #include "launch_plan.h"
 
@@ -32,6 +35,21 @@ void finish_target_range_check(const TargetRangeCheck& check, const at::Tensor& 
               "), but got ", value);
 }
 
+void add_product(at::Tensor& accumulator, const at::Tensor& a, const at::Tensor& b, bool first) {
+  const at::Scalar beta = first ? 0 : 1;  // 0: the accumulator's earlier contents (even NaN) are not read
+  if (accumulator.scalar_type() == a.scalar_type()) {
+    at::addmm_out(accumulator, accumulator, a, b, beta);
+    return;
+  }
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
+  if (accumulator.is_cuda()) {
+    at::addmm_out(accumulator, accumulator, a, b, accumulator.scalar_type(), beta);
+    return;
+  }
+#endif
+  at::addmm_out(accumulator, accumulator, a.to(accumulator.scalar_type()), b.to(accumulator.scalar_type()), beta);
+}
+
 LogitsChunks::LogitsChunks(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                            int64_t available_bytes, bool zero_row_padding)
     : x_(x), weight_t_(weight.t()) {
@@ -58,11 +76,15 @@ at::Tensor LogitsChunks::product(int64_t start, int64_t count) const {
 }
 
 LinearGradients::LinearGradients(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                                 std::array<bool, 3> wanted, at::ScalarType bias_sum_dtype)
+                                 std::array<bool, 3> wanted, at::ScalarType bias_sum_dtype, bool several_chunks)
     : wanted_(wanted), weight_(weight), bias_sum_dtype_(bias_sum_dtype) {
   wanted_[2] = wanted_[2] && bias.has_value() && bias->defined();
   grad_input_ = wanted_[0] ? at::empty({x.size(0), x.size(1)}, x.options()) : at::empty({0}, x.options());
-  grad_weight_ = wanted_[1] ? at::empty_like(weight, at::MemoryFormat::Contiguous) : at::empty({0}, weight.options());
+  // The weight's gradient sums a product per chunk: in opmath, rounded once at the end, as one product over
+  // every row would be.
+  const at::ScalarType weight_sum_dtype = several_chunks ? at::toOpMathType(weight.scalar_type()) : weight.scalar_type();
+  grad_weight_ = wanted_[1] ? at::empty(weight.sizes(), weight.options().dtype(weight_sum_dtype))
+                            : at::empty({0}, weight.options());
   if (wanted_[2]) grad_bias_sum_ = at::zeros({weight.size(0)}, x.options().dtype(bias_sum_dtype));
 }
 
@@ -71,14 +93,7 @@ void LinearGradients::add_chunk(const at::Tensor& grad_logits, const at::Tensor&
     at::Tensor grad_input_rows = grad_input_.narrow(0, start, count);
     at::mm_out(grad_input_rows, grad_logits, weight_);
   }
-  if (wanted_[1]) {
-    const at::Tensor x_chunk = x.narrow(0, start, count);
-    if (!chunk_added_) {
-      at::mm_out(grad_weight_, grad_logits.t(), x_chunk);
-    } else {
-      at::addmm_out(grad_weight_, grad_weight_, grad_logits.t(), x_chunk);
-    }
-  }
+  if (wanted_[1]) add_product(grad_weight_, grad_logits.t(), x.narrow(0, start, count), !chunk_added_);
   if (wanted_[2]) grad_bias_sum_.add_(at::sum(grad_logits, {0}, false, bias_sum_dtype_));
   chunk_added_ = true;
 }
@@ -89,6 +104,7 @@ std::array<at::Tensor, 3> LinearGradients::finish(const at::Tensor& input, const
     if (wanted_[0]) grad_input_.zero_();
     if (wanted_[1]) grad_weight_.zero_();
   }
+  if (grad_weight_.scalar_type() != weight_.scalar_type()) grad_weight_ = grad_weight_.to(weight_.scalar_type());
   return {wanted_[0] ? grad_input_.view(input.sizes()) : grad_input_, grad_weight_,
           wanted_[2] ? grad_bias_sum_.to(bias->scalar_type()) : at::empty({0}, input.options())};
 }

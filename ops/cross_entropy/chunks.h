@@ -44,12 +44,16 @@ class LogitsChunks {
   int64_t chunk_rows_ = 0;
 };
 
+// accumulator (+)= a @ b (`first`: =) with the product's sum kept in the accumulator's dtype: cuBLAS
+// writes a float32 result of 16-bit operands itself; elsewhere the operands are widened first.
+void add_product(at::Tensor& accumulator, const at::Tensor& a, const at::Tensor& b, bool first = false);
+
 // The gradients of input, weight and bias (where `wanted` says) summed chunk by chunk from the gradient
-// over each chunk's logits; those not wanted are empty tensors.
+// over each chunk's logits (the weight's in opmath over several chunks); those not wanted are empty tensors.
 class LinearGradients {
  public:
   LinearGradients(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                  std::array<bool, 3> wanted, at::ScalarType bias_sum_dtype);
+                  std::array<bool, 3> wanted, at::ScalarType bias_sum_dtype, bool several_chunks);
   bool any() const { return wanted_[0] || wanted_[1] || wanted_[2]; }
   // grad_logits [count, V]: d loss / d logits of rows [start, start + count) of x.
   void add_chunk(const at::Tensor& grad_logits, const at::Tensor& x, int64_t start, int64_t count);

@@ -62,12 +62,13 @@ void log_probs_gradient_cpu(const LogProbsGradientTile& p, int64_t classes_total
     };
     at::parallel_for(0, p.rows, 1, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
-        scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
+        const scalar_t* logits = static_cast<const scalar_t*>(p.logits) + row * p.row_stride;
+        scalar_t* grad_logits = static_cast<scalar_t*>(p.grad_logits) + row * p.grad_row_stride;
         const int64_t target = p.target[row];
         const opmath_t log_sum_exp = value(p.log_sum_exp, row), entropy = value(p.entropy, row);
         const opmath_t grad_log_prob = value(p.grad_log_probs, row), grad_entropy = value(p.grad_entropy, row);
         for (int64_t j = 0; j < p.classes; ++j) {
-          logits[j] = static_cast<scalar_t>(log_probs_raw_gradient(
+          grad_logits[j] = static_cast<scalar_t>(log_probs_raw_gradient(
               static_cast<opmath_t>(logits[j]), head, target, p.ignore_index, classes_total,
               p.first_class + j == target, log_sum_exp, entropy, grad_log_prob, grad_entropy));
         }

@@ -2,7 +2,8 @@
 // each thread's running maximum, sum of exponentials and (for the entropy) sum of exp(z - maximum)
 // (z - maximum), merged across the block; then the row's log-probability, entropy and log-sum-exp. The
 // backward's tiles of classes: each thread turns one 16-byte vector of a row's logits into their gradient
-// from the row's log-sum-exp and entropy. 16-byte vectors where the buffers' rows allow them
+// (in place, or from the forward's kept logits into the chunk's buffer) from the row's log-sum-exp and
+// entropy. 16-byte vectors where the buffers' rows allow them
 // (launch_plan.h pads the rows so they always do), element by element for the rest.
 #include <ATen/OpMathType.h>
 #include <c10/cuda/CUDAException.h>
@@ -141,7 +142,8 @@ __global__ void __launch_bounds__(kTileThreads) log_probs_gradient_kernel(LogPro
   const int64_t row = blockIdx.x;
   const int64_t first = (int64_t(blockIdx.y) * kTileThreads + threadIdx.x) * kWidth;
   if (first >= p.classes) return;
-  scalar_t* logits = static_cast<scalar_t*>(p.logits) + row * p.row_stride;
+  const scalar_t* logits = static_cast<const scalar_t*>(p.logits) + row * p.row_stride;
+  scalar_t* grad_logits = static_cast<scalar_t*>(p.grad_logits) + row * p.grad_row_stride;
   HeadLogit<opmath_t> head = head_logit<opmath_t>(p);
   if constexpr (!kSoftcap) head.softcap = opmath_t(0);
   auto value = [row](const void* values) {
@@ -160,12 +162,12 @@ __global__ void __launch_bounds__(kTileThreads) log_probs_gradient_kernel(LogPro
     unpack_vec(load_vec<kBytes>(logits, v), values);
 #pragma unroll
     for (int i = 0; i < kWidth; ++i) values[i] = gradient(values[i], first + i);
-    store_vec<kBytes>(logits, v, pack_vec<scalar_t, kBytes>(values));
+    store_vec<kBytes>(grad_logits, v, pack_vec<scalar_t, kBytes>(values));
     return;
   }
   const int64_t end = first + kWidth < p.classes ? first + kWidth : p.classes;
   for (int64_t j = first; j < end; ++j) {
-    logits[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(logits[j]), j));
+    grad_logits[j] = static_cast<scalar_t>(gradient(static_cast<opmath_t>(logits[j]), j));
   }
 }
 
@@ -188,7 +190,7 @@ void log_probs_rows_cuda(const LogProbsRows& p, at::ScalarType dtype) {
   // The entropy's sum is kept only where the entropy is written.
   const bool entropy = p.entropy != nullptr;
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_log_probs_cuda", [&] {
-    const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
+    const bool vectorized = rows_aligned(p.logits, p.row_stride, sizeof(scalar_t));
     if (vectorized) {
       launch_log_probs_rows<scalar_t, true>(p, entropy, stream);
     } else {
@@ -217,7 +219,8 @@ void log_probs_gradient_cuda(const LogProbsGradientTile& p, int64_t classes_tota
   if (p.rows == 0 || p.classes == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   FUSED_DISPATCH_FLOATING_TYPES(dtype, "linear_log_probs_backward_cuda", [&] {
-    const bool vectorized = is_aligned(p.logits) && (p.row_stride * int64_t(sizeof(scalar_t))) % 16 == 0;
+    const bool vectorized = rows_aligned(p.logits, p.row_stride, sizeof(scalar_t)) &&
+                            rows_aligned(p.grad_logits, p.grad_row_stride, sizeof(scalar_t));
     if (vectorized) {
       launch_log_probs_gradient<scalar_t, true>(p, classes_total, stream);
     } else {

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 
 namespace fused_ops {
 
@@ -34,22 +35,31 @@ inline int64_t cross_entropy_row_stride(int64_t classes, int64_t element_size) {
   return (classes + per_vector - 1) / per_vector * per_vector;
 }
 
-// FUSED_OPS_LOGITS_CHUNK_MB=n sets a chunk's memory to n MB (at least one row): less memory for more
-// passes over the weight's gradient, or the reverse. 0, empty or unset: the plan's own size. Anything
-// but a whole number in [0, 2^20] is an error, not a silently ignored setting.
-inline int64_t requested_chunk_bytes() {
-  constexpr long long kLargestSetting = int64_t(1) << 20;  // 1 TB: far past any device's memory
-  const char* setting = std::getenv("FUSED_OPS_LOGITS_CHUNK_MB");
-  if (setting == nullptr || *setting == '\0') return 0;
+// A whole-number environment setting in [0, largest] (`unit` follows "whole number" in the error,
+// `meaning` says what it sets): none when unset or empty; anything else is an error naming the op, never
+// a silently ignored setting.
+inline std::optional<int64_t> whole_number_setting(const char* name, long long largest, const char* op, const char* unit,
+                                    const char* meaning) {
+  const char* setting = std::getenv(name);
+  if (setting == nullptr || *setting == '\0') return std::nullopt;
   char* end = nullptr;
   errno = 0;
-  const long long megabytes = std::strtoll(setting, &end, 10);
+  const long long value = std::strtoll(setting, &end, 10);
   const bool whole_number = end != setting && *end == '\0' && errno == 0;
-  TORCH_CHECK(whole_number && megabytes >= 0 && megabytes <= kLargestSetting,
-              "fused::linear_cross_entropy: expected the environment variable FUSED_OPS_LOGITS_CHUNK_MB to be a "
-              "whole number of megabytes from 0 to ", kLargestSetting,
-              " (the memory of one chunk of logits; 0 or unset: the op's own choice), but got '", setting, "'");
-  return megabytes * kMegabyte;
+  TORCH_CHECK(whole_number && value >= 0 && value <= largest, "fused::", op, ": expected the environment variable ",
+              name, " to be a whole number", unit, " from 0 to ", largest, " (", meaning, "), but got '",
+              setting, "'");
+  return value;
+}
+
+// FUSED_OPS_LOGITS_CHUNK_MB=n sets a chunk's memory to n MB (at least one row): less memory for more
+// passes over the weight's gradient, or the reverse. 0, empty or unset: the plan's own size.
+inline int64_t requested_chunk_bytes() {
+  constexpr long long kLargestSetting = int64_t(1) << 20;  // 1 TB: far past any device's memory
+  return whole_number_setting("FUSED_OPS_LOGITS_CHUNK_MB", kLargestSetting, "linear_cross_entropy", " of megabytes",
+                              "the memory of one chunk of logits; 0 or unset: the op's own choice")
+             .value_or(0) *
+         kMegabyte;
 }
 
 // A chunk's memory: at most an eighth of the whole logits, held between 120 MB and 1 GB, and at most an
@@ -92,6 +102,19 @@ inline int64_t plan_log_probs_gradient_classes(int64_t rows, int64_t classes, in
   const int64_t class_bytes = std::max<int64_t>(1, rows) * element_size;
   const int64_t budget = plan_chunk_bytes(classes * class_bytes, class_bytes, available_bytes);
   return split_evenly(classes, budget / class_bytes, kChunkClassMultiple, kSmallChunkClassMultiple);
+}
+
+// How many classes' logits linear_log_probs' forward keeps for its backward, which then recomputes only
+// the others' (one product fewer over them): the first 24 x H classes (whole multiples of 256), as much
+// memory per row as 24 of the head's H-wide inputs, which grows with the rows like every activation a
+// model keeps. FUSED_OPS_KEPT_CLASSES=n keeps n classes instead (rounded down to 256;
+// 0: none, the least memory). The shapes alone decide it, so the Meta kernel gives the same shape.
+constexpr int64_t kKeptClassesPerHidden = 24;
+inline int64_t plan_log_probs_kept_classes(int64_t classes, int64_t hidden) {
+  const int64_t wanted = whole_number_setting("FUSED_OPS_KEPT_CLASSES", int64_t(1) << 40, "linear_log_probs",
+                                              " of classes", "the logits of how many classes the forward keeps; 0: none")
+                             .value_or(kKeptClassesPerHidden * hidden);
+  return std::min(classes, wanted / kChunkClassMultiple * kChunkClassMultiple);
 }
 
 }  // namespace fused_ops

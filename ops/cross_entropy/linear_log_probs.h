@@ -9,8 +9,8 @@
 // kernel reads them and writes each row's log-probability, entropy and log-sum-exp. The backward takes the
 // classes in chunks instead, with every row: the per-row weights of both outputs are known only then, and
 // with the forward's log-sum-exp and entropy in hand the gradient over a logit needs no other logit of its
-// row. For each chunk of classes one product recomputes the logits, one elementwise kernel turns them in
-// place into
+// row. For each chunk of classes one product recomputes the logits (the forward keeps those of the first
+// classes, launch_plan.h: no product for them), one elementwise kernel turns them into
 //   d L / d z[j] = g1 ([j = t] - p[j]) - g2 p[j] (log p[j] + H)      (p = softmax(z), H the entropy)
 // times d z / d (input @ weight.T + bias), and two products give the chunk's rows of the weight's gradient
 // (whole, over every row: one rounding) and add its share to the input's gradient (kept in float32 for
@@ -55,11 +55,14 @@ struct LogProbsRows {
 };
 
 // One chunk of classes of the backward: the logits of every row for classes [first_class, first_class +
-// classes), row_stride elements apart, which the kernel turns into their gradient; per row the forward's
-// log-sum-exp and entropy and the two outputs' gradients.
+// classes), row_stride elements apart, which the kernel turns into their gradient at grad_logits
+// (grad_row_stride apart; the same memory or apart); per row the forward's log-sum-exp and entropy and
+// the two outputs' gradients.
 struct LogProbsGradientTile {
-  void* logits;
+  const void* logits;
   int64_t row_stride;
+  void* grad_logits;
+  int64_t grad_row_stride;
   int64_t rows;
   int64_t classes;
   int64_t first_class;
@@ -140,45 +143,53 @@ LogProbsBackend log_probs_cuda_backend();
 
 struct LinearLogProbsResult {
   at::Tensor log_probs, entropy, log_sum_exp;  // the entropy [0] when not asked for
+  at::Tensor kept_logits;  // [..., K] (input's leading dims): the raw logits of the first K classes, or [0]
 };
 
 struct LinearLogProbsGradients {
   at::Tensor grad_input, grad_weight, grad_bias;  // what was not asked for is empty
 };
 
-// The forward: both outputs and each row's log-sum-exp of z, in opmath, of target's shape.
+// The forward: both outputs and each row's log-sum-exp of z, in opmath, of target's shape; with
+// keep_logits the raw logits of the classes the plan keeps (plan_log_probs_kept_classes) for the backward.
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              const LogProbsBackend& backend);
+                                              const LogProbsBackend& backend, bool keep_logits = false);
+
+// How many classes' logits the forward keeps: the plan's for the weight's [V, H] with keep_logits, else 0.
+// (The weight's sizes are specialized where symbolic: the kept logits' shape depends on them.)
+int64_t log_probs_kept_classes(const at::Tensor& weight, bool keep_logits);
 
 // The backward: the gradients where `gradients` says (input, weight, bias) for grad_log_probs and
 // grad_entropy (target's shape; either may be undefined, a zero gradient), from the forward's
-// log-sum-exp and entropy (computed again where not given).
+// log-sum-exp and entropy (computed again where not given) and the logits it kept (recomputed where not
+// given).
 LinearLogProbsGradients linear_log_probs_backward_by_classes(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
     const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
     const std::optional<at::Tensor>& grad_entropy, const std::optional<at::Tensor>& log_sum_exp,
-    const std::optional<at::Tensor>& entropy, const LogProbsBackend& backend);
+    const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& kept_logits,
+    const LogProbsBackend& backend);
 
 // The ops' kernels of one backend (registration/cpu.cpp, registration/cuda.cpp), on input's device.
 template <LogProbsBackend (*kBackend)()>
 struct LinearLogProbsKernels {
-  static std::tuple<at::Tensor, at::Tensor, at::Tensor> forward(const at::Tensor& input, const at::Tensor& weight,
-                                                                const at::Tensor& target,
-                                                                const std::optional<at::Tensor>& bias,
-                                                                const LogProbsOptions& options) {
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
+      const LogProbsOptions& options, bool keep_logits) {
     const c10::OptionalDeviceGuard device_guard(input.device());
-    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, kBackend());
-    return {result.log_probs, result.entropy, result.log_sum_exp};
+    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, kBackend(), keep_logits);
+    return {result.log_probs, result.entropy, result.log_sum_exp, result.kept_logits};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(
       const std::optional<at::Tensor>& grad_log_probs, const std::optional<at::Tensor>& grad_entropy,
       const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
       const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& log_sum_exp,
-      const std::optional<at::Tensor>& entropy) {
+      const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& kept_logits) {
     const c10::OptionalDeviceGuard device_guard(input.device());
-    LinearLogProbsGradients result = linear_log_probs_backward_by_classes(
-        input, weight, target, bias, options, gradients, grad_log_probs, grad_entropy, log_sum_exp, entropy, kBackend());
+    LinearLogProbsGradients result =
+        linear_log_probs_backward_by_classes(input, weight, target, bias, options, gradients, grad_log_probs,
+                                             grad_entropy, log_sum_exp, entropy, kept_logits, kBackend());
     return {result.grad_input, result.grad_weight, result.grad_bias};
   }
 };

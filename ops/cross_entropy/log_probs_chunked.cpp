@@ -2,7 +2,6 @@
 // backend's kernels; the forward by chunks of rows, the backward by chunks of classes
 // (linear_log_probs.h). The checks (registration/checks.cpp) have run.
 #include <ATen/OpMathType.h>
-#include <torch/version.h>
 
 #include <optional>
 
@@ -25,27 +24,17 @@ at::Tensor row_values(const std::optional<at::Tensor>& values, at::ScalarType dt
 
 const void* pointer_or_null(const at::Tensor& values) { return values.defined() ? values.const_data_ptr() : nullptr; }
 
-// accumulator += a @ b with the product's sum kept in the accumulator's dtype: cuBLAS writes a float32
-// result of 16-bit operands itself; elsewhere the operands are widened first.
-void add_product(at::Tensor& accumulator, const at::Tensor& a, const at::Tensor& b) {
-  if (accumulator.scalar_type() == a.scalar_type()) {
-    accumulator.addmm_(a, b);
-    return;
-  }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 8)
-  if (accumulator.is_cuda()) {
-    at::addmm_out(accumulator, accumulator, a, b, accumulator.scalar_type());
-    return;
-  }
-#endif
-  accumulator.addmm_(a.to(accumulator.scalar_type()), b.to(accumulator.scalar_type()));
-}
-
 }  // namespace
+
+int64_t log_probs_kept_classes(const at::Tensor& weight, bool keep_logits) {
+  if (!keep_logits) return 0;
+  return plan_log_probs_kept_classes(weight.sym_size(0).guard_int(__FILE__, __LINE__),
+                                     weight.sym_size(1).guard_int(__FILE__, __LINE__));
+}
 
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              const LogProbsBackend& backend) {
+                                              const LogProbsBackend& backend, bool keep_logits) {
   const int64_t classes = weight.size(0);
   const at::Tensor x = as_rows(input);
   const at::Tensor targets = target.reshape({-1}).contiguous();
@@ -63,6 +52,8 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
   result.log_probs = at::empty({rows}, output_options);
   result.entropy = at::empty({options.return_entropy ? rows : 0}, output_options);
   result.log_sum_exp = at::empty({rows}, output_options);
+  const int64_t kept_classes = log_probs_kept_classes(weight, keep_logits);
+  result.kept_logits = at::empty({kept_classes > 0 ? rows : 0, kept_classes}, x.options());
   std::optional<TargetRangeCheck> target_check;
   if (backend.check_targets && rows > 0) target_check = start_target_range_check(targets, classes, options.ignore_index);
   for (int64_t start = 0; start < rows; start += chunk_rows) {
@@ -85,11 +76,19 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
     chunk.entropy = options.return_entropy ? row_pointer(result.entropy) : nullptr;
     chunk.log_sum_exp = row_pointer(result.log_sum_exp);
     backend.rows(chunk, x.scalar_type());
+    if (kept_classes > 0) result.kept_logits.narrow(0, start, count).copy_(logits.narrow(1, 0, kept_classes));
   }
   if (target_check) finish_target_range_check(*target_check, targets, classes, options.ignore_index, "linear_log_probs");
   result.log_probs = result.log_probs.view(target.sizes());
   if (options.return_entropy) result.entropy = result.entropy.view(target.sizes());
   result.log_sum_exp = result.log_sum_exp.view(target.sizes());
+  if (kept_classes > 0) {
+    std::vector<int64_t> kept_shape(input.sizes().begin(), input.sizes().end() - 1);
+    kept_shape.push_back(kept_classes);
+    result.kept_logits = result.kept_logits.view(kept_shape);
+  } else {
+    result.kept_logits = at::empty({0}, x.options());
+  }
   return result;
 }
 
@@ -97,7 +96,8 @@ LinearLogProbsGradients linear_log_probs_backward_by_classes(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
     const LogProbsOptions& options, std::array<bool, 3> gradients, const std::optional<at::Tensor>& grad_log_probs,
     const std::optional<at::Tensor>& grad_entropy, const std::optional<at::Tensor>& log_sum_exp,
-    const std::optional<at::Tensor>& entropy, const LogProbsBackend& backend) {
+    const std::optional<at::Tensor>& entropy, const std::optional<at::Tensor>& kept_logits,
+    const LogProbsBackend& backend) {
   const bool has_bias = given(bias);
   const int64_t classes = weight.size(0);
   const at::Tensor x = as_rows(input);
@@ -130,6 +130,10 @@ LinearLogProbsGradients linear_log_probs_backward_by_classes(
   const int64_t chunk_classes = runs_chunks ? plan_log_probs_gradient_classes(rows, classes, x.element_size(),
                                                                               backend.available_bytes)
                                             : 0;
+  // The forward's logits of the first classes, [rows, kept], read in place of a product.
+  at::Tensor kept;
+  if (runs_chunks && given(kept_logits) && kept_logits->numel() > 0) kept = kept_logits->reshape({rows, -1});
+  const int64_t kept_classes = kept.defined() ? kept.size(1) : 0;
   at::Tensor buffer;
   if (runs_chunks) {
     const int64_t row_stride = cross_entropy_row_stride(chunk_classes, x.element_size());
@@ -141,18 +145,20 @@ LinearLogProbsGradients linear_log_probs_backward_by_classes(
   if (runs_chunks && backend.check_targets) {
     target_check = start_target_range_check(targets, classes, options.ignore_index);
   }
-  for (int64_t first = 0; runs_chunks && first < classes; first += chunk_classes) {
-    const int64_t count = std::min(chunk_classes, classes - first);
+  for (int64_t first = 0, count = 0; runs_chunks && first < classes; first += count) {
+    // Chunks end where the kept classes end: those before read the kept logits, those after a product.
+    const bool kept_chunk = first < kept_classes;
+    count = std::min(chunk_classes, (kept_chunk ? kept_classes : classes) - first);
     at::Tensor logits = buffer.narrow(1, 0, count);
     const at::Tensor weight_rows = weight.narrow(0, first, count);
-    if (has_bias) {
-      at::addmm_out(logits, bias->narrow(0, first, count), x, weight_rows.t());
-    } else {
-      at::mm_out(logits, x, weight_rows.t());
-    }
+    const at::Tensor raw = kept_chunk ? kept.narrow(1, first, count) : logits;
+    if (!kept_chunk && has_bias) at::addmm_out(logits, bias->narrow(0, first, count), x, weight_rows.t());
+    if (!kept_chunk && !has_bias) at::mm_out(logits, x, weight_rows.t());
     LogProbsGradientTile tile{};
-    tile.logits = logits.data_ptr();
-    tile.row_stride = logits.stride(0);
+    tile.logits = raw.const_data_ptr();
+    tile.row_stride = raw.stride(0);
+    tile.grad_logits = logits.data_ptr();
+    tile.grad_row_stride = logits.stride(0);
     tile.rows = rows;
     tile.classes = count;
     tile.first_class = first;
