@@ -1,6 +1,8 @@
 """linear_log_probs on every dtype and device: the log-probabilities, the entropy and the gradients of
 input, weight and bias through both, for random signed per-token weights, against F.linear +
 log_softmax in float64; temperatures, ignored rows, bias on and off, several chunks, modes and bad input."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -194,20 +196,14 @@ def test_a_second_backward_reads_the_same_kept_logits(device, monkeypatch):
 
 
 def test_kept_classes_setting(device, monkeypatch):
-    """FUSED_OPS_KEPT_CLASSES: whole multiples of 256 classes at most V, 0 for none; anything but a whole
-    number is an error naming the op."""
+    """FUSED_OPS_KEPT_CLASSES: whole multiples of 256 classes at most V, 0 for none (anything but a whole
+    number is an error naming the op: bad_linear_log_probs_inputs)."""
     x, weight, target, bias = make_inputs((4,), 8, 700, torch.float32, device)
     for setting, classes in (("0", 0), ("300", 256), ("700", 512), ("5000", 700)):
         monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", setting)
         kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0,
                                                                 True)[3]
         assert kept.shape == ((4, classes) if classes else (0,)), (setting, kept.shape)
-    monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", "many")
-    with pytest.raises(RuntimeError, match=r"fused::linear_log_probs: expected the environment variable "
-                                           r"FUSED_OPS_KEPT_CLASSES to be a whole number of classes from 0 to "
-                                           r"1099511627776 \(the logits of how many classes the forward keeps; 0: "
-                                           r"none\), but got 'many'"):
-        torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0, True)
 
 
 def relative_error(got, want):
@@ -451,6 +447,33 @@ def bad_linear_log_probs_inputs(device):
         (make(input=torch.randint(0, 3, (4, 8), device=device)),
          op + "expected input to be float64, float32, float16 or bfloat16, but got Long"),
     ]
+    def with_kept_classes(setting):
+        def call():
+            old = os.environ.get("FUSED_OPS_KEPT_CLASSES")
+            os.environ["FUSED_OPS_KEPT_CLASSES"] = setting
+            try:
+                x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+                torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0,
+                                                                  True)
+            finally:
+                os.environ.pop("FUSED_OPS_KEPT_CLASSES")
+                if old is not None:
+                    os.environ["FUSED_OPS_KEPT_CLASSES"] = old
+        return call
+
+    def backward_with_kept(kept):
+        x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+        return lambda: torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target,
+                                                                 bias, 1.0, -100, [True, True, True], 1.0, 0.0, None,
+                                                                 None, kept)
+    cases += [
+        (with_kept_classes("many"), op + "expected the environment variable FUSED_OPS_KEPT_CLASSES to be a whole "
+         "number of classes from 0 to 1099511627776 (the logits of how many classes the forward keeps; 0: none), "
+         "but got 'many'"),
+        (backward_with_kept(torch.zeros(2, 2, 3, device=device)),
+         "fused::linear_log_probs_backward: expected kept_logits (the forward's) of input's leading dims and at most "
+         "weight.size(0) (6) classes, got kept_logits of shape [2, 2, 3] for input of shape [4, 8]"),
+    ]
     if device == "cuda":
         cases.append((make(target=torch.zeros(4, dtype=torch.long)),
                       op + "expected target to be on the same device as input (cuda:0), but got cpu"))
@@ -459,7 +482,7 @@ def bad_linear_log_probs_inputs(device):
     return cases
 
 
-@pytest.mark.parametrize("case", range(19))
+@pytest.mark.parametrize("case", range(21))
 @pytest.mark.absent(lambda device, case: case >= len(bad_linear_log_probs_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_linear_log_probs_inputs(device), case)
@@ -475,12 +498,12 @@ def test_bad_gradients_of_the_backward(device):
                                            r"target \[4\], but got \[5\]"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
                                                   -100, [True, True, True], 1.0, 0.0, torch.zeros(5, device=device))
-    for kept, found in ((torch.zeros(4, 7, device=device), r"\[4, 7\]"), (torch.zeros(2, 2, 3, device=device), r"\[2, 2, 3\]")):
-        with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected kept_logits \(the forward's\) of "
-                                               r"input's leading dims and at most weight.size\(0\) \(6\) classes, got "
-                                               r"kept_logits of shape " + found + r" for input of shape \[4, 8\]"):
-            torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
-                                                      -100, [True, True, True], 1.0, 0.0, None, None, kept)
+    with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected kept_logits \(the forward's\) of "
+                                           r"input's leading dims and at most weight.size\(0\) \(6\) classes, got "
+                                           r"kept_logits of shape \[4, 7\] for input of shape \[4, 8\]"):
+        torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
+                                                  -100, [True, True, True], 1.0, 0.0, None, None,
+                                                  torch.zeros(4, 7, device=device))
     with pytest.raises(RuntimeError, match=r"linear_log_probs_backward: expected kept_logits to have the same dtype"):
         torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target, bias, 1.0,
                                                   -100, [True, True, True], 1.0, 0.0, None, None,
