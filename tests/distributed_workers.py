@@ -239,8 +239,9 @@ def linear_cross_entropy_on_dtensors(device):
 
 def linear_log_probs_on_dtensors(device):
     """linear_log_probs (a logit scale and a softcap) on rows sharded on each leading dim with the head
-    replicated: both results come out sharded like the target, with no communication. Values and the gradients of input, weight and
-    bias through both results against the full tensors."""
+    replicated: both results come out sharded like the target, with no communication, with and without the
+    forward's kept logits. Values and the gradients of input, weight and bias through both results against the
+    full tensors."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -259,7 +260,9 @@ def linear_log_probs_on_dtensors(device):
     expected = fused_ops.linear_log_probs(leaves[0], leaves[1], target, leaves[2], **head)
     grads = [torch.randn(target.shape, generator=generator, dtype=torch.float64).to(device) for _ in range(2)]
     expected_grads = torch.autograd.grad(expected, leaves, grads)
-    for dim in (0, 1):
+    # Without kept logits, and with every class's kept (sharded like the rows).
+    for kept, dim in ((kept, dim) for kept in ("0", "256") for dim in (0, 1)):
+        os.environ["FUSED_OPS_KEPT_CLASSES"] = kept
         inputs = [distribute_tensor(x, mesh, [Shard(dim)]).requires_grad_(True),
                   distribute_tensor(weight, mesh, [Replicate()]).requires_grad_(True),
                   distribute_tensor(bias, mesh, [Replicate()]).requires_grad_(True)]
@@ -271,6 +274,7 @@ def linear_log_probs_on_dtensors(device):
         got = torch.autograd.grad(outs, inputs, [distribute_tensor(g, mesh, [Shard(dim)]) for g in grads])
         for value, want in zip(got, expected_grads):
             torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+    os.environ.pop("FUSED_OPS_KEPT_CLASSES")
 
 
 def moe_experts_on_dtensors(device):
