@@ -119,12 +119,9 @@ struct LinearLogProbsMeta {
       const LogProbsOptions& options, bool keep_logits) {
     const at::TensorOptions output_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
     const int64_t kept_classes = log_probs_kept_classes(weight, keep_logits);
-    at::Tensor kept_logits = at::empty({0}, input.options());
-    if (kept_classes > 0) {
-      std::vector<c10::SymInt> kept_shape(input.sym_sizes().begin(), input.sym_sizes().end() - 1);
-      kept_shape.emplace_back(kept_classes);
-      kept_logits = at::empty_symint(kept_shape, input.options());
-    }
+    std::vector<c10::SymInt> kept_shape(input.sym_sizes().begin(), input.sym_sizes().end() - 1);
+    kept_shape.emplace_back(kept_classes);
+    const at::Tensor kept_logits = at::empty_symint(kept_shape, input.options());
     return {at::empty_symint(target.sym_sizes(), output_options),
             options.return_entropy ? at::empty_symint(target.sym_sizes(), output_options) : at::empty({0}, output_options),
             at::empty_symint(target.sym_sizes(), output_options), kept_logits};

@@ -113,7 +113,7 @@ TORCH_LIBRARY(fused, m) {
   // backward takes: what the autograd kernel runs. With keep_logits, kept_logits [..., K] (input's leading
   // dims and dtype) holds input @ weight[:K].T + bias[:K] for the K classes the plan keeps
   // (ops/cross_entropy/launch_plan.h; FUSED_OPS_KEPT_CLASSES), which the backward then does not recompute;
-  // without, an empty [0] tensor.
+  // without, [..., 0].
   m.def("linear_log_probs_with_log_sum_exp(Tensor input, Tensor weight, Tensor target, Tensor? bias, "
         "float temperature, int ignore_index, bool return_entropy, float logit_scale, float softcap, "
         "bool keep_logits=False) -> (Tensor log_probs, Tensor entropy, Tensor log_sum_exp, Tensor kept_logits)",
@@ -121,7 +121,7 @@ TORCH_LIBRARY(fused, m) {
   // The gradients where output_mask says (input, weight, bias) for the gradients of the log-probabilities
   // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk of classes; the
   // others empty. log_sum_exp and entropy: the forward's (None: computed again, one more product);
-  // kept_logits: the forward's (None or [0]: every class's logits recomputed).
+  // kept_logits: the forward's (None or [..., 0]: every class's logits recomputed).
   m.def("linear_log_probs_backward(Tensor? grad_log_probs, Tensor? grad_entropy, Tensor input, Tensor weight, "
         "Tensor target, Tensor? bias, float temperature, int ignore_index, bool[3] output_mask, "
         "float logit_scale=1.0, float softcap=0.0, Tensor? log_sum_exp=None, Tensor? entropy=None, "

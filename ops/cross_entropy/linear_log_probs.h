@@ -143,7 +143,7 @@ LogProbsBackend log_probs_cuda_backend();
 
 struct LinearLogProbsResult {
   at::Tensor log_probs, entropy, log_sum_exp;  // the entropy [0] when not asked for
-  at::Tensor kept_logits;  // [..., K] (input's leading dims): the raw logits of the first K classes, or [0]
+  at::Tensor kept_logits;  // [..., K] (input's leading dims): the raw logits of the first K classes (K may be 0)
 };
 
 struct LinearLogProbsGradients {

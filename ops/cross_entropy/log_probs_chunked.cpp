@@ -82,13 +82,9 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
   result.log_probs = result.log_probs.view(target.sizes());
   if (options.return_entropy) result.entropy = result.entropy.view(target.sizes());
   result.log_sum_exp = result.log_sum_exp.view(target.sizes());
-  if (kept_classes > 0) {
-    std::vector<int64_t> kept_shape(input.sizes().begin(), input.sizes().end() - 1);
-    kept_shape.push_back(kept_classes);
-    result.kept_logits = result.kept_logits.view(kept_shape);
-  } else {
-    result.kept_logits = at::empty({0}, x.options());
-  }
+  std::vector<int64_t> kept_shape(input.sizes().begin(), input.sizes().end() - 1);
+  kept_shape.push_back(kept_classes);
+  result.kept_logits = kept_classes > 0 ? result.kept_logits.view(kept_shape) : at::empty(kept_shape, x.options());
   return result;
 }
 

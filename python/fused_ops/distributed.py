@@ -255,12 +255,12 @@ def _linear_cross_entropy_rules(input, bias, reduction, output_mask=None, grad_l
 
 
 def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None, gradients=None,
-                            log_sum_exp=False, keep_logits=False, statistics=(None, None, None)):
+                            log_sum_exp=False, statistics=(None, None, None)):
     """linear_log_probs (output_mask None: the two results, and with `log_sum_exp` the log-sum-exp third and
     the kept logits fourth) or its backward (`gradients`: the specs of grad_log_probs and grad_entropy,
     `statistics` those of the forward's log_sum_exp, entropy and kept logits, None where absent). Rows shard
-    on a leading dim with the head replicated (the kept logits [..., K] shard like them); the entropy not
-    asked for and the logits not kept are empty tensors, replicated; so are gradients not asked for."""
+    on a leading dim with the head replicated (the kept logits [..., K], K perhaps 0, shard like them); the
+    entropy not asked for is an empty tensor, replicated; so are gradients not asked for."""
     Partial, Replicate, Shard = _placements()
     head = [Replicate(), None if bias is None else Replicate()]
 
@@ -268,14 +268,14 @@ def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None,
         if output_mask is None:
             outputs = [row, row if return_entropy else Replicate()]
             if log_sum_exp:
-                outputs += [row, row if keep_logits else Replicate()]
+                outputs += [row, row]
             return outputs, [row, head[0], row, head[1], None, None, None, None, None] + ([None] if log_sum_exp else [])
         outputs = [placement if asked else Replicate()
                    for placement, asked in zip((row, parameter_gradient, parameter_gradient), output_mask)]
         grads = [None if spec is None else row for spec in gradients]
         log_sum_exp_spec, entropy_spec, kept_spec = statistics
         saved = [None if spec is None else row for spec in (log_sum_exp_spec, entropy_spec)]
-        saved += [None if kept_spec is None else Replicate() if 0 in tuple(kept_spec.shape) else row]
+        saved += [None if kept_spec is None else row]
         return outputs, grads + [row, head[0], row, head[1], None, None, None, None, None] + saved
     rules = [rule(Replicate(), Replicate())]
     rules += [rule(Shard(d), Partial()) for d in range(input.ndim - 1)]
@@ -376,8 +376,7 @@ def _register_once():
         logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, return_entropy))
     rule(ops.linear_log_probs_with_log_sum_exp)(
         lambda input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap,
-        keep_logits=False: _linear_log_probs_rules(input, bias, return_entropy, log_sum_exp=True,
-                                                   keep_logits=keep_logits))
+        keep_logits=False: _linear_log_probs_rules(input, bias, return_entropy, log_sum_exp=True))
     rule(ops.linear_log_probs_backward)(
         lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask,
         logit_scale=1.0, softcap=0.0, log_sum_exp=None, entropy=None, kept_logits=None: _linear_log_probs_rules(
