@@ -105,11 +105,11 @@ inline int64_t plan_log_probs_gradient_classes(int64_t rows, int64_t classes, in
 }
 
 // How many classes' logits linear_log_probs' forward keeps for its backward, which then recomputes only
-// the others' (one product fewer over them): the first 16 x H classes (whole multiples of 256), as much
-// memory per row as 16 of the head's H-wide inputs, which grows with the rows like every activation a
+// the others' (one product fewer over them): the first 24 x H classes (whole multiples of 256), as much
+// memory per row as 24 of the head's H-wide inputs, which grows with the rows like every activation a
 // model keeps. FUSED_OPS_KEPT_CLASSES=n keeps n classes instead (rounded down to 256;
 // 0: none, the least memory). The shapes alone decide it, so the Meta kernel gives the same shape.
-constexpr int64_t kKeptClassesPerHidden = 16;
+constexpr int64_t kKeptClassesPerHidden = 24;
 inline int64_t plan_log_probs_kept_classes(int64_t classes, int64_t hidden) {
   const int64_t wanted = whole_number_setting("FUSED_OPS_KEPT_CLASSES", int64_t(1) << 40, "linear_log_probs",
                                               " of classes", "the logits of how many classes the forward keeps; 0: none")
