@@ -4,6 +4,7 @@
 #include <ATen/OpMathType.h>
 
 #include <optional>
+#include <vector>
 
 #include "../common/tensors.h"
 #include "chunks.h"
@@ -128,7 +129,7 @@ LinearLogProbsGradients linear_log_probs_backward_by_classes(
                                             : 0;
   // The forward's logits of the first classes, [rows, kept], read in place of a product.
   at::Tensor kept;
-  if (runs_chunks && given(kept_logits) && kept_logits->numel() > 0) kept = kept_logits->reshape({rows, -1});
+  if (runs_chunks && given(kept_logits) && kept_logits->numel() > 0) kept = kept_logits->reshape({rows, -1}).contiguous();
   const int64_t kept_classes = kept.defined() ? kept.size(1) : 0;
   at::Tensor buffer;
   if (runs_chunks) {
