@@ -25,6 +25,17 @@ bool takes_grouped_mm(const at::Tensor& a, const at::Tensor& b) {
 #endif
 }
 
+// Calls body(expert, start, count) for each expert with rows, its rows [start, start + count) by offsets (read
+// on the host: the path without torch's grouped products).
+template <typename Body>
+void for_each_expert(const at::Tensor& offsets, Body body) {
+  const at::Tensor ends = offsets.to(at::kCPU, at::kLong);
+  const int64_t* end = ends.const_data_ptr<int64_t>();
+  for (int64_t expert = 0, start = 0; expert < ends.numel(); start = end[expert], ++expert) {
+    if (end[expert] > start) body(expert, start, end[expert] - start);
+  }
+}
+
 // rows [S, K] times each row's expert matrix: W_e^T of weight [E, N, K] (out_by_in) or W_e of [E, K, N]. Rows
 // from the last offset on are left as they come (zeros here, unwritten by the grouped product).
 at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& weight, const at::Tensor& offsets,
@@ -33,13 +44,10 @@ at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& weight, con
   const at::Tensor operand = rows.contiguous();
   if (takes_grouped_mm(operand, matrices)) return at::_grouped_mm(operand, matrices, offsets);
   at::Tensor out = at::zeros({operand.size(0), matrices.size(2)}, operand.options());
-  const at::Tensor ends = offsets.to(at::kCPU, at::kLong);
-  const int64_t* end = ends.const_data_ptr<int64_t>();
-  for (int64_t expert = 0, start = 0; expert < ends.numel(); start = end[expert], ++expert) {
-    if (end[expert] <= start) continue;
-    at::Tensor slice = out.narrow(0, start, end[expert] - start);
-    at::mm_out(slice, operand.narrow(0, start, end[expert] - start), matrices.select(0, expert));
-  }
+  for_each_expert(offsets, [&](int64_t expert, int64_t start, int64_t count) {
+    at::Tensor slice = out.narrow(0, start, count);
+    at::mm_out(slice, operand.narrow(0, start, count), matrices.select(0, expert));
+  });
   return out;
 }
 
@@ -48,16 +56,11 @@ at::Tensor grouped_product(const at::Tensor& rows, const at::Tensor& weight, con
 at::Tensor grouped_outer_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor& offsets) {
   const at::Tensor left = a.contiguous(), right = b.contiguous();
   if (takes_grouped_mm(left, right)) return at::_grouped_mm(left.t(), right, offsets);
-  const int64_t experts = offsets.numel();
-  at::Tensor out = at::zeros({experts, left.size(1), right.size(1)}, left.options());
-  const at::Tensor ends = offsets.to(at::kCPU, at::kLong);
-  const int64_t* end = ends.const_data_ptr<int64_t>();
-  for (int64_t expert = 0, start = 0; expert < experts; start = end[expert], ++expert) {
-    if (end[expert] <= start) continue;
+  at::Tensor out = at::zeros({offsets.numel(), left.size(1), right.size(1)}, left.options());
+  for_each_expert(offsets, [&](int64_t expert, int64_t start, int64_t count) {
     at::Tensor slice = out.select(0, expert);
-    const int64_t count = end[expert] - start;
     at::mm_out(slice, left.narrow(0, start, count).t(), right.narrow(0, start, count));
-  }
+  });
   return out;
 }
 
@@ -76,6 +79,12 @@ at::Tensor expert_sums(const at::Tensor& values, const at::Tensor& offsets) {
 at::Tensor row_experts(const at::Tensor& offsets, int64_t rows) {
   const at::Tensor row = at::arange(rows, offsets.options().dtype(at::kInt));
   return at::searchsorted(offsets, row, /*out_int32=*/false, /*right=*/true).clamp_max(offsets.numel() - 1);
+}
+
+// Values of the pairs in order's order [S] put back in pair order, as routing_weights' shape and dtype.
+at::Tensor in_pair_order(const at::Tensor& values, const at::Tensor& order, const at::Tensor& routing_weights) {
+  return at::zeros({order.numel()}, values.options()).scatter_(0, order, values).view(routing_weights.sizes())
+      .to(routing_weights.scalar_type());
 }
 
 // One pair's routing weight per row [S].
@@ -176,8 +185,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
       dots += (g.to(dots.scalar_type()) * down_bias->index_select(0, experts_of_rows).to(dots.scalar_type())).sum(1);
     }
     dots.masked_fill_(at::arange(rows, offsets.options().dtype(at::kLong)).ge(offsets.select(0, -1)), 0);
-    grad_routing = at::zeros({rows}, dots.options()).scatter_(0, order, dots).view(routing_weights.sizes())
-                       .to(routing_weights.scalar_type());
+    grad_routing = in_pair_order(dots, order, routing_weights);
   }
   if (!input_side) {
     return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
@@ -213,7 +221,6 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad
                                                           const std::optional<at::Tensor>& routing_weights,
                                                           int64_t top_k, std::array<bool, 2> output_mask,
                                                           const MoeRowKernels& kernels) {
-  const int64_t count = order.numel();
   const at::Tensor gathered = kernels.gather(grad, order, offsets, top_k);  // grad of each pair's token, 0 past end
   at::Tensor grad_rows = at::empty({0}, grad.options());
   at::Tensor grad_routing = at::empty({0}, grad.options());
@@ -226,8 +233,7 @@ std::tuple<at::Tensor, at::Tensor> moe_unpermute_backward(const at::Tensor& grad
   }
   if (output_mask[1] && given(routing_weights)) {
     const at::Tensor dots = (gathered.to(opmath) * rows.to(opmath)).sum(1);
-    grad_routing = at::zeros({count}, dots.options()).scatter_(0, order, dots).view(routing_weights->sizes())
-                       .to(routing_weights->scalar_type());
+    grad_routing = in_pair_order(dots, order, *routing_weights);
   }
   return {grad_rows, grad_routing};
 }

@@ -22,6 +22,8 @@ IMPLEMENTATION = "fused_ops"
 ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
 # gpt-oss's gate: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit).
 CLAMPED_SWIGLU = "swiglu_oai"
+# The clamped gate's constants where a gate has none of its own (the ops' defaults; unused by the other gates).
+DEFAULT_ALPHA, DEFAULT_LIMIT = 1.702, 7.0
 # Implementations of transformers that compute the same function as this one (checked per family by fuse()).
 STOCK_IMPLEMENTATIONS = ("eager", "grouped_mm", "batched_mm")
 # The gate is proven on values of these scales: a clamp (gpt-oss clamps at 7) shows at the larger one.
@@ -52,7 +54,7 @@ def gate_variants(experts):
     """Each gate this implementation computes, as the options of the experts ops ({activation, interleaved,
     alpha, limit}), the gpt-oss one with the module's own alpha and limit."""
     layouts = (False, True)  # [gate; up] halves, as most families store them, tried first
-    variants = [dict(activation=a, interleaved=i, alpha=1.702, limit=7.0) for i in layouts for a in ACTIVATIONS]
+    variants = [dict(activation=a, interleaved=i, alpha=DEFAULT_ALPHA, limit=DEFAULT_LIMIT) for i in layouts for a in ACTIVATIONS]
     alpha, limit = getattr(experts, "alpha", None), getattr(experts, "limit", None)
     if isinstance(alpha, (int, float)) and isinstance(limit, (int, float)) and limit > 0:
         variants += [dict(activation=CLAMPED_SWIGLU, interleaved=i, alpha=float(alpha), limit=float(limit))

@@ -58,7 +58,8 @@ def _experts_gate_methods(base, options):
 def _gate(options):
     """The gate variant of a swap's options (fused_ops/experts.py's gate_variants)."""
     return dict(activation=options["activation"], interleaved=options.get("interleaved", False),
-                alpha=options.get("alpha", 1.702), limit=options.get("limit", 7.0))
+                alpha=options.get("alpha", fused_experts.DEFAULT_ALPHA),
+                limit=options.get("limit", fused_experts.DEFAULT_LIMIT))
 
 
 class ExpertsGateRule(Rule):
