@@ -179,6 +179,17 @@ def test_backward_reads_the_logits_the_forward_kept(device, dtype, kept, monkeyp
     want = F.linear(x.detach().double(), weight.detach().double()[:classes], bias.detach().double()[:classes])
     tolerance = TOLERANCE[dtype] * 4
     torch.testing.assert_close(kept_logits.double(), want, rtol=tolerance, atol=tolerance * want.abs().max().item())
+    # The backward reads them: kept logits shifted on one class give the gradients of logits shifted so.
+    grads = torch.randn(3, 100, dtype=torch.float32, device=device), None
+    arguments = (x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, [True, True, True], 0.5, 3.0)
+    statistics = torch.ops.fused.linear_log_probs_with_log_sum_exp(
+        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, False, 0.5, 3.0, True)
+    shifted = kept_logits.clone()
+    shifted[..., 3] += 4.0
+    read = torch.ops.fused.linear_log_probs_backward(*grads, *arguments, statistics[2], None, statistics[3])
+    altered = torch.ops.fused.linear_log_probs_backward(*grads, *arguments, statistics[2], None, shifted)
+    assert not torch.equal(read[1][3], altered[1][3])  # class 3's weight gradient follows its kept logits
+    torch.testing.assert_close(read[1][4:], altered[1][4:], rtol=0, atol=0)  # the others' do not
 
 
 def test_a_second_backward_reads_the_same_kept_logits(device, monkeypatch):
