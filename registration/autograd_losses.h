@@ -30,7 +30,7 @@ inline const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, const OptionalT
                                  double)>
     linear_log_probs_op{"fused::linear_log_probs"};
 inline const FusedOp<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-    TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool, double, double, bool)>
+    TensorRef, TensorRef, TensorRef, const OptionalTensor&, double, int64_t, bool, double, double, c10::SymInt)>
     linear_log_probs_with_log_sum_exp_op{"fused::linear_log_probs_with_log_sum_exp"};
 inline const FusedOp<ThreeTensors(const OptionalTensor&, const OptionalTensor&, TensorRef, TensorRef, TensorRef,
                            const OptionalTensor&, double, int64_t, GradientMask, double, double, const OptionalTensor&,
@@ -128,9 +128,9 @@ class LinearLogProbsFunction : public torch::autograd::Function<LinearLogProbsFu
     ctx->saved_data["mask"] = c10::IValue(std::vector<bool>(mask.begin(), mask.end()));
     ctx->set_materialize_grads(false);
     // The autograd kernel runs this only where a gradient is recorded (AutogradKernel, autograd.h).
-    const bool keep_logits = mask[0] || mask[1];
+    const c10::SymInt kept_classes = mask[0] || mask[1] ? log_probs_kept_classes(input, weight) : c10::SymInt(0);
     auto [log_probs, entropy, log_sum_exp, kept_logits] = linear_log_probs_with_log_sum_exp_op(
-        input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap, keep_logits);
+        input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap, kept_classes);
     ctx->save_for_backward({input, weight, target, bias.has_value() ? *bias : at::Tensor(), log_sum_exp,
                             return_entropy ? entropy : at::Tensor(), kept_logits});
     if (!return_entropy) ctx->mark_non_differentiable({entropy});

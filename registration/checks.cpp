@@ -423,4 +423,9 @@ void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_
               input.sym_sizes());
 }
 
+void check_kept_classes(const char* op, const c10::SymInt& kept_classes, const at::Tensor& weight) {
+  TORCH_SYM_CHECK(kept_classes.sym_ge(0).sym_and(kept_classes.sym_le(weight.sym_size(0))), "fused::", op,
+                  ": expected kept_classes from 0 to weight.size(0) (", weight.sym_size(0), "), but got ", kept_classes);
+}
+
 }  // namespace fused_ops

@@ -103,5 +103,7 @@ void check_linear_log_probs_gradients(const std::optional<at::Tensor>& grad_log_
                                       const std::optional<at::Tensor>& entropy,
                                       const std::optional<at::Tensor>& kept_logits, const at::Tensor& input,
                                       const at::Tensor& weight, const at::Tensor& target);
+// How many classes' logits a forward keeps: 0 to V.
+void check_kept_classes(const char* op, const c10::SymInt& kept_classes, const at::Tensor& weight);
 
 }  // namespace fused_ops

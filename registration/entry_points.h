@@ -186,11 +186,12 @@ template <typename Kernels>
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linear_log_probs_with_log_sum_exp_entry(
     const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
     double temperature, int64_t ignore_index, bool return_entropy, double logit_scale, double softcap,
-    bool keep_logits) {
+    c10::SymInt kept_classes) {
   const LogProbsOptions options = check_linear_log_probs_arguments("linear_log_probs_with_log_sum_exp", input, weight,
                                                                    target, bias, temperature, ignore_index,
                                                                    return_entropy, logit_scale, softcap);
-  return Kernels::forward(input, weight, target, bias, options, keep_logits);
+  check_kept_classes("linear_log_probs_with_log_sum_exp", kept_classes, weight);
+  return Kernels::forward(input, weight, target, bias, options, kept_classes);
 }
 
 template <typename Kernels>

@@ -111,14 +111,13 @@ struct LinearCrossEntropyMeta {
 };
 
 // linear_log_probs: its outputs and the log-sum-exp of target's shape (the entropy [0] when not asked
-// for), the kept logits [..., K] (K from the weight's shape alone), and each gradient asked for like its
+// for), the kept logits [..., kept_classes], and each gradient asked for like its
 // input, as ops/cross_entropy/log_probs_chunked.cpp returns them.
 struct LinearLogProbsMeta {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>&,
-      const LogProbsOptions& options, bool keep_logits) {
+      const LogProbsOptions& options, const c10::SymInt& kept_classes) {
     const at::TensorOptions output_options = input.options().dtype(cross_entropy_loss_dtype(input.scalar_type()));
-    const int64_t kept_classes = log_probs_kept_classes(weight, keep_logits);
     std::vector<c10::SymInt> kept_shape(input.sym_sizes().begin(), input.sym_sizes().end() - 1);
     kept_shape.emplace_back(kept_classes);
     const at::Tensor kept_logits = at::empty_symint(kept_shape, input.options());

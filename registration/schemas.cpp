@@ -110,13 +110,13 @@ TORCH_LIBRARY(fused, m) {
         "(Tensor log_probs, Tensor entropy)",
         tags);
   // linear_log_probs and each row's log-sum-exp of z (the output dtype, of target's shape), which its
-  // backward takes: what the autograd kernel runs. With keep_logits, kept_logits [..., K] (input's leading
-  // dims and dtype) holds input @ weight[:K].T + bias[:K] for the K classes the plan keeps
-  // (ops/cross_entropy/launch_plan.h; FUSED_OPS_KEPT_CLASSES), which the backward then does not recompute;
-  // without, [..., 0].
+  // backward takes: what the autograd kernel runs. kept_logits [..., K] (input's leading dims and dtype,
+  // K = kept_classes, 0 to V) holds input @ weight[:K].T + bias[:K], which the backward then does not
+  // recompute; the autograd kernel asks for the plan's count (ops/cross_entropy/launch_plan.h) where a
+  // gradient is recorded.
   m.def("linear_log_probs_with_log_sum_exp(Tensor input, Tensor weight, Tensor target, Tensor? bias, "
         "float temperature, int ignore_index, bool return_entropy, float logit_scale, float softcap, "
-        "bool keep_logits=False) -> (Tensor log_probs, Tensor entropy, Tensor log_sum_exp, Tensor kept_logits)",
+        "SymInt kept_classes=0) -> (Tensor log_probs, Tensor entropy, Tensor log_sum_exp, Tensor kept_logits)",
         tags);
   // The gradients where output_mask says (input, weight, bias) for the gradients of the log-probabilities
   // and the entropy (target's shape; None: zero), the logits recomputed chunk by chunk of classes; the

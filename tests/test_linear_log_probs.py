@@ -172,9 +172,10 @@ def test_backward_reads_the_logits_the_forward_kept(device, dtype, kept, monkeyp
     monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", kept)
     x, weight, target, bias = make_inputs((3, 100), 8, 7000, dtype, device)
     check(x, weight, target, bias, dtype, 0.8, logit_scale=0.5, softcap=3.0)
-    kept_logits = torch.ops.fused.linear_log_probs_with_log_sum_exp(
-        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, True, 0.5, 3.0, True)[3]
     classes = min(int(kept), 7000)
+    assert kept_classes_recorded(x, weight, target, bias) == classes
+    kept_logits = torch.ops.fused.linear_log_probs_with_log_sum_exp(
+        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, True, 0.5, 3.0, classes)[3]
     assert kept_logits.shape == (3, 100, classes) and kept_logits.dtype == dtype
     want = F.linear(x.detach().double(), weight.detach().double()[:classes], bias.detach().double()[:classes])
     tolerance = TOLERANCE[dtype] * 4
@@ -183,7 +184,7 @@ def test_backward_reads_the_logits_the_forward_kept(device, dtype, kept, monkeyp
     grads = torch.randn(3, 100, dtype=torch.float32, device=device), None
     arguments = (x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, [True, True, True], 0.5, 3.0)
     statistics = torch.ops.fused.linear_log_probs_with_log_sum_exp(
-        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, False, 0.5, 3.0, True)
+        x.detach(), weight.detach(), target, bias.detach(), 0.8, -100, False, 0.5, 3.0, classes)
     shifted = kept_logits.clone()
     shifted[..., 3] += 4.0
     read = torch.ops.fused.linear_log_probs_backward(*grads, *arguments, statistics[2], None, statistics[3])
@@ -206,15 +207,54 @@ def test_a_second_backward_reads_the_same_kept_logits(device, monkeypatch):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def kept_classes_recorded(x, weight, target, bias=None):
+    """How many classes' logits linear_log_probs' autograd kernel saves for the backward (the last tensor
+    it saves, [rows, K])."""
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        fused_ops.linear_log_probs(x.detach().requires_grad_(True), weight, target, bias)
+    assert saved[-1].shape[:-1] == x.shape[:-1]
+    return saved[-1].shape[-1]
+
+
 def test_kept_classes_setting(device, monkeypatch):
     """FUSED_OPS_KEPT_CLASSES: whole multiples of 256 classes at most V, 0 for none (anything but a whole
     number is an error naming the op: bad_linear_log_probs_inputs)."""
     x, weight, target, bias = make_inputs((4,), 8, 700, torch.float32, device)
     for setting, classes in (("0", 0), ("300", 256), ("700", 512), ("5000", 700)):
         monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", setting)
-        kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0,
-                                                                True)[3]
-        assert kept.shape == (4, classes), (setting, kept.shape)
+        assert kept_classes_recorded(x, weight, target, bias) == classes, setting
+
+
+def test_kept_classes_plan(device):
+    """Unset, the forward keeps 24 x H classes (whole multiples of 256, at most V) and at most 1.5 weights'
+    worth of logits in all: 768 classes of a [2048, 32] head at 100 rows, 256 at 200 rows (1.5 x 2048 x 32 /
+    200 = 491), none at 400 (245), and never more than V; nothing without a gradient to record."""
+    weight = torch.randn(2048, 32, device=device)
+    for rows, classes in ((1, 768), (100, 768), (200, 256), (400, 0)):
+        x = torch.randn(rows, 32, device=device)
+        assert kept_classes_recorded(x, weight, torch.zeros(rows, dtype=torch.long, device=device)) == classes, rows
+    assert kept_classes_recorded(torch.randn(3, 5, 32, device=device), weight[:300],
+                                 torch.zeros(3, 5, dtype=torch.long, device=device)) == 300
+    x = torch.randn(10, 32, device=device)
+    with torch.no_grad():
+        assert fused_ops.linear_log_probs(x.requires_grad_(True), weight, torch.zeros(10, dtype=torch.long,
+                                                                                       device=device)).grad_fn is None
+
+
+def test_any_kept_classes_count(device, dtype):
+    """The op keeps any count it is asked for (301 classes: rows that start off the 16-byte vectors) and
+    the backward given them gives the gradients it gives without them."""
+    x, weight, target, bias = make_inputs((50,), 8, 700, dtype, device)
+    arguments = (x, weight, target, bias, 0.8, -100, True, 0.5, 3.0)
+    kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(*arguments, 301)
+    assert kept[3].shape == (50, 301)
+    grads = torch.randn(50, device=device), torch.randn(50, device=device)
+    common = (*grads, x, weight, target, bias, 0.8, -100, [True, True, True], 0.5, 3.0, kept[2], kept[1])
+    with_kept = torch.ops.fused.linear_log_probs_backward(*common, kept[3])
+    without = torch.ops.fused.linear_log_probs_backward(*common, None)
+    for a, b in zip(with_kept, without):
+        torch.testing.assert_close(a, b, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype])
 
 
 def relative_error(got, want):
@@ -340,10 +380,12 @@ def test_opcheck(device, dtype, requires_grad, return_entropy, form, monkeypatch
             (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
              [True, True, True], scale, cap, statistics[2], statistics[1] if return_entropy else None))
     kept = torch.ops.fused.linear_log_probs_with_log_sum_exp(*detached, target, bias.detach(), 0.7, -100,
-                                                            return_entropy, scale, cap, True)
+                                                            return_entropy, scale, cap, 7)
     assert kept[3].shape == (5, 7)
     opcheck(torch.ops.fused.linear_log_probs_with_log_sum_exp.default,
-            (*detached, target, bias.detach(), 0.7, -100, return_entropy, scale, cap, True))
+            (*detached, target, bias.detach(), 0.7, -100, return_entropy, scale, cap, 7))
+    opcheck(torch.ops.fused.linear_log_probs_with_log_sum_exp.default,
+            (*detached, target, bias.detach(), 0.7, -100, return_entropy, scale, cap, 3))
     opcheck(torch.ops.fused.linear_log_probs_backward.default,
             (gradients[0], gradients[1] if return_entropy else None, *detached, target, bias.detach(), 0.7, -100,
              [True, True, True], scale, cap, kept[2], kept[1] if return_entropy else None, kept[3]))
@@ -368,6 +410,25 @@ def test_compile_fullgraph_dynamic_forward_and_backward(device, return_entropy, 
         want = torch.autograd.grad(step(x, weight, target, bias, advantages), leaves)
         for grad, expected in zip(got, want):
             torch.testing.assert_close(grad, expected)
+
+
+def test_compile_dynamic_follows_the_kept_classes_plan(device):
+    """Unset, the kept count is an expression of the rows: 768, 512 and 256 classes at 100, 150 and 200
+    rows run one compiled graph (a second only where none are kept, 400 rows), each with eager's gradients."""
+    def step(x, weight, target):
+        return fused_ops.linear_log_probs(x, weight, target, temperature=0.9).sum()
+    torch._dynamo.reset()
+    frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    compiled = torch.compile(step, fullgraph=True, dynamic=True)
+    weight = torch.randn(2048, 32, device=device, requires_grad=True)
+    for rows in (100, 150, 200, 400):
+        x = torch.randn(rows, 32, device=device, requires_grad=True)
+        target = torch.randint(0, 2048, (rows,), device=device)
+        got = torch.autograd.grad(compiled(x, weight, target), (x, weight))
+        want = torch.autograd.grad(step(x, weight, target), (x, weight))
+        for grad, expected in zip(got, want):
+            torch.testing.assert_close(grad, expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames <= 2
 
 
 class PolicyLogProbs(torch.nn.Module):
@@ -403,14 +464,14 @@ def test_torchscript_save_load_with_backward(device, tmp_path):
 def test_peak_memory_holds_one_chunk_not_the_logits(monkeypatch, kept):
     """Forward and backward hold one chunk of logits at a time beside the logits the forward keeps: 4096
     rows x 32000 classes would be 512 MB of float32 logits; with 16 MB chunks the peak above the inputs,
-    gradients included (18 MB), stays far below that, plus the plan's kept logits (24 x 256 classes, 48 MB)
-    where they are kept."""
+    gradients included (18 MB), stays far below that, plus the plan's kept logits (1.5 weights' worth: 2816
+    classes, 22 MB) where they are kept."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "16")
     if kept is not None:
         monkeypatch.setenv("FUSED_OPS_KEPT_CLASSES", kept)
-    kept_bytes = 0 if kept == "0" else 4096 * 24 * 256 * 2
+    kept_bytes = 0 if kept == "0" else 4096 * 2816 * 2
     x, weight, target, _ = make_inputs((4096,), 256, 32000, torch.bfloat16, "cuda")
     x.requires_grad_(True)
     weight.requires_grad_(True)
@@ -464,8 +525,7 @@ def bad_linear_log_probs_inputs(device):
             os.environ["FUSED_OPS_KEPT_CLASSES"] = setting
             try:
                 x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
-                torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False, 1.0, 0.0,
-                                                                  True)
+                fused_ops.linear_log_probs(x.requires_grad_(True), weight, target, bias)
             finally:
                 os.environ.pop("FUSED_OPS_KEPT_CLASSES")
                 if old is not None:
@@ -477,7 +537,13 @@ def bad_linear_log_probs_inputs(device):
         return lambda: torch.ops.fused.linear_log_probs_backward(torch.ones(4, device=device), None, x, weight, target,
                                                                  bias, 1.0, -100, [True, True, True], 1.0, 0.0, None,
                                                                  None, kept)
+    def forward_keeping(classes):
+        x, weight, target, bias = make_inputs((4,), 8, 6, torch.float32, device)
+        return lambda: torch.ops.fused.linear_log_probs_with_log_sum_exp(x, weight, target, bias, 1.0, -100, False,
+                                                                         1.0, 0.0, classes)
     cases += [
+        (forward_keeping(7), "fused::linear_log_probs_with_log_sum_exp: expected kept_classes from 0 to "
+         "weight.size(0) (6), but got 7"),
         (with_kept_classes("many"), op + "expected the environment variable FUSED_OPS_KEPT_CLASSES to be a whole "
          "number of classes from 0 to 1099511627776 (the logits of how many classes the forward keeps; 0: none), "
          "but got 'many'"),
@@ -493,7 +559,7 @@ def bad_linear_log_probs_inputs(device):
     return cases
 
 
-@pytest.mark.parametrize("case", range(21))
+@pytest.mark.parametrize("case", range(22))
 @pytest.mark.absent(lambda device, case: case >= len(bad_linear_log_probs_inputs(device)))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_linear_log_probs_inputs(device), case)

@@ -3,6 +3,7 @@
 // the products efficient and add the weight gradient's read-modify-write, V x H per chunk, fewer times;
 // smaller ones hold less memory) and how many loads of a row a thread of the row kernel keeps in
 // flight. docs/design.md gives the figures.
+#include <c10/core/SymInt.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -106,15 +107,22 @@ inline int64_t plan_log_probs_gradient_classes(int64_t rows, int64_t classes, in
 
 // How many classes' logits linear_log_probs' forward keeps for its backward, which then recomputes only
 // the others' (one product fewer over them): the first 24 x H classes (whole multiples of 256), as much
-// memory per row as 24 of the head's H-wide inputs, which grows with the rows like every activation a
-// model keeps. FUSED_OPS_KEPT_CLASSES=n keeps n classes instead (rounded down to 256;
-// 0: none, the least memory). The shapes alone decide it, so the Meta kernel gives the same shape.
+// memory per row as 24 of the head's H-wide inputs, and at most 1.5 weights' worth in all (rows x K <= 1.5
+// x V x H, whole multiples of 256), so that long batches keep fewer classes rather than more memory than a
+// float32 copy of the weight's gradient. FUSED_OPS_KEPT_CLASSES=n keeps n classes instead (rounded down to
+// 256; 0: none, the least memory). `rows` is symbolic under torch.compile with dynamic shapes: the count
+// is then an expression of it, never a specialization.
 constexpr int64_t kKeptClassesPerHidden = 24;
-inline int64_t plan_log_probs_kept_classes(int64_t classes, int64_t hidden) {
-  const int64_t wanted = whole_number_setting("FUSED_OPS_KEPT_CLASSES", int64_t(1) << 40, "linear_log_probs",
-                                              " of classes", "the logits of how many classes the forward keeps; 0: none")
-                             .value_or(kKeptClassesPerHidden * hidden);
-  return std::min(classes, wanted / kChunkClassMultiple * kChunkClassMultiple);
+constexpr int64_t kKeptWeightHalves = 3;  // 1.5 weights' worth, in halves of the weight's V x H
+inline c10::SymInt plan_log_probs_kept_classes(const c10::SymInt& rows, int64_t classes, int64_t hidden) {
+  const std::optional<int64_t> setting =
+      whole_number_setting("FUSED_OPS_KEPT_CLASSES", int64_t(1) << 40, "linear_log_probs", " of classes",
+                           "the logits of how many classes the forward keeps; 0: none");
+  if (setting) return std::min(classes, *setting / kChunkClassMultiple * kChunkClassMultiple);
+  const int64_t per_hidden =
+      std::min(classes, kKeptClassesPerHidden * hidden / kChunkClassMultiple * kChunkClassMultiple);
+  const c10::SymInt per_row = c10::SymInt(kKeptWeightHalves * classes * hidden) / (2 * rows.max(1));
+  return (per_row / kChunkClassMultiple * kChunkClassMultiple).min(per_hidden);
 }
 
 }  // namespace fused_ops

@@ -150,15 +150,15 @@ struct LinearLogProbsGradients {
   at::Tensor grad_input, grad_weight, grad_bias;  // what was not asked for is empty
 };
 
-// The forward: both outputs and each row's log-sum-exp of z, in opmath, of target's shape; with
-// keep_logits the raw logits of the classes the plan keeps (plan_log_probs_kept_classes) for the backward.
+// The forward: both outputs and each row's log-sum-exp of z, in opmath, of target's shape, and the raw
+// logits of the first kept_classes classes for the backward.
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              const LogProbsBackend& backend, bool keep_logits = false);
+                                              const LogProbsBackend& backend, int64_t kept_classes = 0);
 
-// How many classes' logits the forward keeps: the plan's for the weight's [V, H] with keep_logits, else 0.
-// (The weight's sizes are specialized where symbolic: the kept logits' shape depends on them.)
-int64_t log_probs_kept_classes(const at::Tensor& weight, bool keep_logits);
+// How many classes' logits the forward keeps for a backward (plan_log_probs_kept_classes) for input's rows
+// (symbolic where they are) and the weight's [V, H] (specialized where symbolic).
+c10::SymInt log_probs_kept_classes(const at::Tensor& input, const at::Tensor& weight);
 
 // The backward: the gradients where `gradients` says (input, weight, bias) for grad_log_probs and
 // grad_entropy (target's shape; either may be undefined, a zero gradient), from the forward's
@@ -176,9 +176,10 @@ template <LogProbsBackend (*kBackend)()>
 struct LinearLogProbsKernels {
   static std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> forward(
       const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target, const std::optional<at::Tensor>& bias,
-      const LogProbsOptions& options, bool keep_logits) {
+      const LogProbsOptions& options, const c10::SymInt& kept_classes) {
     const c10::OptionalDeviceGuard device_guard(input.device());
-    LinearLogProbsResult result = linear_log_probs_chunked(input, weight, target, bias, options, kBackend(), keep_logits);
+    LinearLogProbsResult result =
+        linear_log_probs_chunked(input, weight, target, bias, options, kBackend(), kept_classes.expect_int());
     return {result.log_probs, result.entropy, result.log_sum_exp, result.kept_logits};
   }
   static std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(

@@ -27,15 +27,16 @@ const void* pointer_or_null(const at::Tensor& values) { return values.defined() 
 
 }  // namespace
 
-int64_t log_probs_kept_classes(const at::Tensor& weight, bool keep_logits) {
-  if (!keep_logits) return 0;
-  return plan_log_probs_kept_classes(weight.sym_size(0).guard_int(__FILE__, __LINE__),
+c10::SymInt log_probs_kept_classes(const at::Tensor& input, const at::Tensor& weight) {
+  c10::SymInt rows = 1;
+  for (int64_t dim = 0; dim + 1 < input.dim(); ++dim) rows = rows * input.sym_size(dim);
+  return plan_log_probs_kept_classes(rows, weight.sym_size(0).guard_int(__FILE__, __LINE__),
                                      weight.sym_size(1).guard_int(__FILE__, __LINE__));
 }
 
 LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& target,
                                               const std::optional<at::Tensor>& bias, const LogProbsOptions& options,
-                                              const LogProbsBackend& backend, bool keep_logits) {
+                                              const LogProbsBackend& backend, int64_t kept_classes) {
   const int64_t classes = weight.size(0);
   const at::Tensor x = as_rows(input);
   const at::Tensor targets = target.reshape({-1}).contiguous();
@@ -53,7 +54,6 @@ LinearLogProbsResult linear_log_probs_chunked(const at::Tensor& input, const at:
   result.log_probs = at::empty({rows}, output_options);
   result.entropy = at::empty({options.return_entropy ? rows : 0}, output_options);
   result.log_sum_exp = at::empty({rows}, output_options);
-  const int64_t kept_classes = log_probs_kept_classes(weight, keep_logits);
   result.kept_logits = at::empty({kept_classes > 0 ? rows : 0, kept_classes}, x.options());
   std::optional<TargetRangeCheck> target_check;
   if (backend.check_targets && rows > 0) target_check = start_target_range_check(targets, classes, options.ignore_index);

@@ -376,7 +376,7 @@ def _register_once():
         logit_scale=1.0, softcap=0.0: _linear_log_probs_rules(input, bias, return_entropy))
     rule(ops.linear_log_probs_with_log_sum_exp)(
         lambda input, weight, target, bias, temperature, ignore_index, return_entropy, logit_scale, softcap,
-        keep_logits=False: _linear_log_probs_rules(input, bias, return_entropy, log_sum_exp=True))
+        kept_classes=0: _linear_log_probs_rules(input, bias, return_entropy, log_sum_exp=True))
     rule(ops.linear_log_probs_backward)(
         lambda grad_log_probs, grad_entropy, input, weight, target, bias, temperature, ignore_index, output_mask,
         logit_scale=1.0, softcap=0.0, log_sum_exp=None, entropy=None, kept_logits=None: _linear_log_probs_rules(
