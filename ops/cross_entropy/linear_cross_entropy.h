@@ -20,6 +20,7 @@
 #include <tuple>
 
 #include "../common/dtype_dispatch.h"
+#include "../common/fast_math.h"
 
 namespace fused_ops {
 
@@ -52,7 +53,7 @@ using CrossEntropyRowsFunction = void (*)(const CrossEntropyRows&, at::ScalarTyp
 // z after the soft cap, and d(capped z)/dz from the capped value.
 template <typename opmath_t>
 FUSED_HOST_DEVICE opmath_t soft_capped(opmath_t z, opmath_t softcap) {
-  return softcap > opmath_t(0) ? softcap * tanh(z / softcap) : z;
+  return softcap > opmath_t(0) ? softcap * fast_tanh(fast_divide(z, softcap)) : z;
 }
 template <typename opmath_t>
 FUSED_HOST_DEVICE opmath_t soft_cap_slope(opmath_t capped, opmath_t softcap) {
