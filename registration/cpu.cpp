@@ -16,7 +16,8 @@ using namespace fused_ops;
 
 namespace {
 constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu, &moe_zero_rows_past_end_cpu,
-                                         &moe_routing_backward_cpu};
+                                         &moe_routing_backward_cpu, &clamped_gate_composite,
+                                         &clamped_gate_backward_composite};
 using Moe = MoeBackend<&kMoeRowKernels>;
 }  // namespace
 

@@ -135,6 +135,74 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (lane == 0) dots[row] = sum;
 }
 
+// gpt-oss's clamped SwiGLU of one (gate, up) pair in opmath, as gate.cpp's composite computes it: the clamps
+// are comparisons, so NaN passes through them as it does through ATen's clamp.
+template <typename opmath_t>
+struct ClampedSwiglu {
+  opmath_t alpha, limit;
+  __device__ __forceinline__ opmath_t clamped_gate(opmath_t gate) const { return gate > limit ? limit : gate; }
+  __device__ __forceinline__ opmath_t clamped_up(opmath_t up) const {
+    return up < -limit ? -limit : (up > limit ? limit : up);
+  }
+  __device__ __forceinline__ opmath_t sigmoid(opmath_t g) const {
+    return opmath_t(1) / (opmath_t(1) + exp(-(g * alpha)));
+  }
+};
+
+// Column i's gate and up of a gate/up row: columns 2i and 2i + 1 (interleaved) or i and width + i.
+struct GateUpColumns {
+  int64_t stride, up_start;
+  __host__ __device__ GateUpColumns(bool interleaved, int64_t width)
+      : stride(interleaved ? 2 : 1), up_start(interleaved ? 1 : width) {}
+  __device__ __forceinline__ int64_t gate(int64_t i) const { return i * stride; }
+  __device__ __forceinline__ int64_t up(int64_t i) const { return up_start + i * stride; }
+};
+
+// One block a row: out[row, i] = (clamp(up) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit).
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_clamped_gate_kernel(const scalar_t* __restrict__ gate_up,  // [S, 2 * width]
+                            int64_t width, GateUpColumns columns, ClampedSwiglu<at::opmath_type<scalar_t>> gate,
+                            scalar_t* __restrict__ out) {         // [S, width]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  const scalar_t* source = gate_up + int64_t(blockIdx.x) * 2 * width;
+  scalar_t* target = out + int64_t(blockIdx.x) * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const opmath_t g = gate.clamped_gate(static_cast<opmath_t>(source[columns.gate(i)]));
+    const opmath_t u = gate.clamped_up(static_cast<opmath_t>(source[columns.up(i)]));
+    target[i] = static_cast<scalar_t>((u + opmath_t(1)) * g * gate.sigmoid(g));
+  }
+}
+
+// Its gradient into gate_up's layout: a clamp holding its input at the limit passes it no gradient.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_clamped_gate_backward_kernel(const scalar_t* __restrict__ grad,     // [S, width]
+                                     const scalar_t* __restrict__ gate_up,  // [S, 2 * width]
+                                     int64_t width, GateUpColumns columns,
+                                     ClampedSwiglu<at::opmath_type<scalar_t>> gate,
+                                     scalar_t* __restrict__ grad_gate_up) {  // [S, 2 * width]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t row = blockIdx.x;
+  const scalar_t* source = gate_up + row * 2 * width;
+  const scalar_t* gradient_row = grad + row * width;
+  scalar_t* target = grad_gate_up + row * 2 * width;
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    const opmath_t gate_value = static_cast<opmath_t>(source[columns.gate(i)]);
+    const opmath_t up_value = static_cast<opmath_t>(source[columns.up(i)]);
+    const opmath_t gradient = static_cast<opmath_t>(gradient_row[i]);
+    const opmath_t g = gate.clamped_gate(gate_value), u = gate.clamped_up(up_value);
+    const opmath_t sigmoid = gate.sigmoid(g);
+    const opmath_t glu = g * sigmoid;
+    const opmath_t grad_g = gradient * (u + opmath_t(1)) * (sigmoid + gate.alpha * glu * (opmath_t(1) - sigmoid));
+    const bool up_inside = up_value >= -gate.limit && up_value <= gate.limit;
+    target[columns.gate(i)] = static_cast<scalar_t>(grad_g * opmath_t(gate_value <= gate.limit));
+    target[columns.up(i)] = static_cast<scalar_t>(gradient * glu * opmath_t(up_inside));
+  }
+}
+
 // 16-byte vectors where every row starts 16-byte aligned, else one element at a time.
 template <typename scalar_t, typename Launch>
 void with_row_vectors(const void* a, const void* b, int64_t width, const Launch& launch) {
@@ -232,6 +300,44 @@ at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position
     });
   });
   return out;
+}
+
+at::Tensor moe_clamped_gate_cuda(const at::Tensor& gate_up, bool interleaved, double alpha, double limit) {
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const at::Tensor values = gate_up.contiguous();
+  const int64_t rows = values.size(0), width = values.size(1) / 2;
+  at::Tensor out = empty_contiguous({rows, width}, values.options());
+  if (rows == 0 || width == 0) return out;
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_clamped_gate_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    cuda::launch_kernel(cuda::moe_clamped_gate_kernel<scalar_t>, static_cast<unsigned int>(rows), cuda::kMoeRowThreads,
+                        0, at::cuda::getCurrentCUDAStream(), values.const_data_ptr<scalar_t>(), width,
+                        cuda::GateUpColumns(interleaved, width),
+                        cuda::ClampedSwiglu<opmath_t>{static_cast<opmath_t>(alpha), static_cast<opmath_t>(limit)},
+                        out.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return out;
+}
+
+at::Tensor moe_clamped_gate_backward_cuda(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
+                                          double alpha, double limit) {
+  const c10::cuda::CUDAGuard guard(gate_up.device());
+  const at::Tensor values = gate_up.contiguous();
+  const at::Tensor gradient = grad.to(values.scalar_type()).contiguous();
+  const int64_t rows = values.size(0), width = values.size(1) / 2;
+  at::Tensor grad_gate_up = empty_contiguous({rows, 2 * width}, values.options());
+  if (rows == 0 || width == 0) return grad_gate_up;
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_clamped_gate_backward_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    cuda::launch_kernel(cuda::moe_clamped_gate_backward_kernel<scalar_t>, static_cast<unsigned int>(rows),
+                        cuda::kMoeRowThreads, 0, at::cuda::getCurrentCUDAStream(), gradient.const_data_ptr<scalar_t>(),
+                        values.const_data_ptr<scalar_t>(), width, cuda::GateUpColumns(interleaved, width),
+                        cuda::ClampedSwiglu<opmath_t>{static_cast<opmath_t>(alpha), static_cast<opmath_t>(limit)},
+                        grad_gate_up.data_ptr<scalar_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return grad_gate_up;
 }
 
 }  // namespace fused_ops

@@ -105,7 +105,7 @@ Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order,
   result.x = kernels.gather(hidden, order, offsets, options.top_k);
   result.gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
   if (given(gate_up_bias)) result.gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
-  result.activation = experts_gate(result.gate_up, options);
+  result.activation = experts_gate(result.gate_up, options, kernels);
   return result;
 }
 
@@ -190,7 +190,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
   if (!input_side) {
     return {grad_hidden, grad_routing, grad_gate_up_weight, grad_down_weight, grad_gate_up_bias, grad_down_bias};
   }
-  at::Tensor grad_gate_up = experts_gate_backward(grad_activation, parts.gate_up, options);
+  at::Tensor grad_gate_up = experts_gate_backward(grad_activation, parts.gate_up, options, kernels);
   grad_activation = at::Tensor();
   parts.gate_up = at::Tensor();
   if (output_mask[2]) {

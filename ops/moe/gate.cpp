@@ -1,6 +1,6 @@
 // The experts' gate on the gate/up product of every pair, and its gradient: act(gate) * up through the fused
 // silu_mul / gelu_mul ops ([gate; up] halves) or gated_mul (gate and up interleaved, column 2i and 2i + 1), and
-// gpt-oss's clamped SwiGLU from ATen's ops in float32.
+// gpt-oss's clamped SwiGLU through the backend's kernels (ATen's ops in float32 here, the reference).
 #include <ATen/OpMathType.h>
 
 #include "../activations/registered_ops.h"
@@ -25,36 +25,48 @@ at::Tensor joined(const at::Tensor& grad_gate, const at::Tensor& grad_up, bool i
 
 }  // namespace
 
-at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options) {
-  auto [gate, up] = gate_and_up(gate_up, options.interleaved);
+at::Tensor clamped_gate_composite(const at::Tensor& gate_up, bool interleaved, double alpha, double limit) {
+  auto [gate, up] = gate_and_up(gate_up, interleaved);
+  // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit)
+  const at::Tensor g = gate.to(at::toOpMathType(gate.scalar_type())).clamp_max(limit);
+  const at::Tensor u = up.to(at::toOpMathType(up.scalar_type())).clamp(-limit, limit);
+  return ((u + 1) * g * at::sigmoid(g * alpha)).to(gate_up.scalar_type());
+}
+
+at::Tensor clamped_gate_backward_composite(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
+                                           double alpha, double limit) {
+  auto [gate, up] = gate_and_up(gate_up, interleaved);
+  // Where a clamp holds its input at the limit, that input gets no gradient (clamp's own rule: inside the
+  // bounds, the bounds included, it passes).
+  const at::ScalarType opmath = at::toOpMathType(gate.scalar_type());
+  const at::Tensor gate_value = gate.to(opmath), up_value = up.to(opmath), gradient = grad.to(opmath);
+  const at::Tensor g = gate_value.clamp_max(limit);
+  const at::Tensor u = up_value.clamp(-limit, limit);
+  const at::Tensor sigmoid = at::sigmoid(g * alpha);
+  const at::Tensor glu = g * sigmoid;
+  const at::Tensor grad_g = gradient * (u + 1) * (sigmoid + alpha * glu * (1 - sigmoid));
+  const at::Tensor grad_gate = grad_g * gate_value.le(limit);
+  const at::Tensor grad_up = gradient * glu * up_value.ge(-limit).logical_and(up_value.le(limit));
+  return joined(grad_gate, grad_up, interleaved).to(gate_up.scalar_type());
+}
+
+at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options, const MoeRowKernels& kernels) {
   if (options.activation == "swiglu_oai") {
-    // (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = clamp(gate, max=limit)
-    const at::Tensor g = gate.to(at::toOpMathType(gate.scalar_type())).clamp_max(options.limit);
-    const at::Tensor u = up.to(at::toOpMathType(up.scalar_type())).clamp(-options.limit, options.limit);
-    return ((u + 1) * g * at::sigmoid(g * options.alpha)).to(gate_up.scalar_type());
+    return kernels.clamped_gate(gate_up, options.interleaved, options.alpha, options.limit);
   }
+  auto [gate, up] = gate_and_up(gate_up, options.interleaved);
   if (options.interleaved) return registered::gated_mul(gate, up, options.activation);
   if (options.activation == "silu") return registered::silu_mul(gate_up);
   return registered::gelu_mul(gate_up, gelu_approximation(options.activation));
 }
 
-at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options) {
-  auto [gate, up] = gate_and_up(gate_up, options.interleaved);
+at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options,
+                                 const MoeRowKernels& kernels) {
   if (options.activation == "swiglu_oai") {
-    // Where a clamp holds its input at the limit, that input gets no gradient (clamp's own rule: inside the
-    // bounds, the bounds included, it passes).
-    const at::ScalarType opmath = at::toOpMathType(gate.scalar_type());
-    const at::Tensor gate_value = gate.to(opmath), up_value = up.to(opmath), gradient = grad.to(opmath);
-    const at::Tensor g = gate_value.clamp_max(options.limit);
-    const at::Tensor u = up_value.clamp(-options.limit, options.limit);
-    const at::Tensor sigmoid = at::sigmoid(g * options.alpha);
-    const at::Tensor glu = g * sigmoid;
-    const at::Tensor grad_g = gradient * (u + 1) * (sigmoid + options.alpha * glu * (1 - sigmoid));
-    const at::Tensor grad_gate = grad_g * gate_value.le(options.limit);
-    const at::Tensor grad_up = gradient * glu * up_value.ge(-options.limit).logical_and(up_value.le(options.limit));
-    return joined(grad_gate, grad_up, options.interleaved).to(gate_up.scalar_type());
+    return kernels.clamped_gate_backward(grad, gate_up, options.interleaved, options.alpha, options.limit);
   }
   if (options.interleaved) {
+    auto [gate, up] = gate_and_up(gate_up, true);
     auto [grad_gate, grad_up] = registered::gated_mul_backward(grad, gate, up, options.activation);
     return joined(grad_gate, grad_up, true);
   }

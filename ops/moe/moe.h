@@ -35,6 +35,11 @@ struct MoeRowKernels {
   // (opmath [S]): (h * weight in the activation's dtype, dot(h, activation) a row in opmath), one pass.
   std::tuple<at::Tensor, at::Tensor> (*routing_backward)(const at::Tensor& h, const at::Tensor& activation,
                                                          const at::Tensor& row_weights);
+  // gpt-oss's clamped SwiGLU (MoeExpertOptions) on gate_up [S, 2I] -> [S, I] in opmath, one rounding, and its
+  // gradient [S, 2I] in gate_up's layout.
+  at::Tensor (*clamped_gate)(const at::Tensor& gate_up, bool interleaved, double alpha, double limit);
+  at::Tensor (*clamped_gate_backward)(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
+                                      double alpha, double limit);
 };
 
 at::Tensor moe_gather_cpu(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k);
@@ -49,6 +54,13 @@ at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position
 void moe_zero_rows_past_end_cuda(const at::Tensor& rows, const at::Tensor& offsets);
 std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cuda(const at::Tensor& h, const at::Tensor& activation,
                                                              const at::Tensor& row_weights);
+// The clamped SwiGLU from ATen's ops (every backend's reference; the CPU's kernels) and the CUDA kernels.
+at::Tensor clamped_gate_composite(const at::Tensor& gate_up, bool interleaved, double alpha, double limit);
+at::Tensor clamped_gate_backward_composite(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
+                                           double alpha, double limit);
+at::Tensor moe_clamped_gate_cuda(const at::Tensor& gate_up, bool interleaved, double alpha, double limit);
+at::Tensor moe_clamped_gate_backward_cuda(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
+                                          double alpha, double limit);
 
 struct MoeExpertOptions {
   int64_t top_k = 1;
@@ -62,8 +74,9 @@ struct MoeExpertOptions {
 };
 
 // The gate on the gate/up product [S, 2I] -> [S, I], and its gradient [S, 2I] (ops/moe/gate.cpp).
-at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options);
-at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options);
+at::Tensor experts_gate(const at::Tensor& gate_up, const MoeExpertOptions& options, const MoeRowKernels& kernels);
+at::Tensor experts_gate_backward(const at::Tensor& grad, const at::Tensor& gate_up, const MoeExpertOptions& options,
+                                 const MoeRowKernels& kernels);
 
 // One implementation for every backend (ATen's sort and scans).
 std::tuple<at::Tensor, at::Tensor> moe_permute(const at::Tensor& top_k_index, int64_t num_experts);
