@@ -273,9 +273,7 @@ def _linear_log_probs_rules(input, bias, return_entropy=False, output_mask=None,
         outputs = [placement if asked else Replicate()
                    for placement, asked in zip((row, parameter_gradient, parameter_gradient), output_mask)]
         grads = [None if spec is None else row for spec in gradients]
-        log_sum_exp_spec, entropy_spec, kept_spec = statistics
-        saved = [None if spec is None else row for spec in (log_sum_exp_spec, entropy_spec)]
-        saved += [None if kept_spec is None else row]
+        saved = [None if spec is None else row for spec in statistics]
         return outputs, grads + [row, head[0], row, head[1], None, None, None, None, None] + saved
     rules = [rule(Replicate(), Replicate())]
     rules += [rule(Shard(d), Partial()) for d in range(input.ndim - 1)]

@@ -9,9 +9,9 @@ activation of every pair.
 `fused_ops.fuse(model)` selects it by itself for every experts module whose gate it proves. The gates it
 computes: act(gate) * up for SiLU, GELU and tanh-GELU, and gpt-oss's clamped SwiGLU, on [gate; up] halves or
 interleaved columns. Experts it cannot take (no gate, quantised weights, another gate) run transformers'
-grouped products instead: the result is the stock one either way. The gate is proven at a module's first call outside
-torch.compile's tracing; a model compiled before any eager call traces transformers' grouped products (fuse()
-proves the gate up front, so a fused model compiles with the experts ops).
+grouped products instead: the result is the stock one either way. The gate is proven at a module's first
+call outside torch.compile's tracing; a model compiled before any eager call traces transformers' grouped
+products (fuse() proves the gate up front, so a fused model compiles with the experts ops).
 """
 import torch
 
@@ -38,8 +38,8 @@ def register() -> None:
 
 
 def takes(experts) -> bool:
-    """Whether the experts module's layout is one this implementation computes: a gate, [gate; up]
-    concatenated, plain 3-D weights (and biases)."""
+    """Whether the experts module's layout is one this implementation computes: a gate, gate and up in one
+    3-D weight (halves or interleaved: proven_gate tells which), plain 3-D weights (and biases)."""
     if not getattr(experts, "has_gate", False):
         return False
     names = ("gate_up_proj", "down_proj") + (("gate_up_proj_bias", "down_proj_bias")
@@ -54,7 +54,8 @@ def gate_variants(experts):
     """Each gate this implementation computes, as the options of the experts ops ({activation, interleaved,
     alpha, limit}), the gpt-oss one with the module's own alpha and limit."""
     layouts = (False, True)  # [gate; up] halves, as most families store them, tried first
-    variants = [dict(activation=a, interleaved=i, alpha=DEFAULT_ALPHA, limit=DEFAULT_LIMIT) for i in layouts for a in ACTIVATIONS]
+    variants = [dict(activation=a, interleaved=i, alpha=DEFAULT_ALPHA, limit=DEFAULT_LIMIT)
+                for i in layouts for a in ACTIVATIONS]
     alpha, limit = getattr(experts, "alpha", None), getattr(experts, "limit", None)
     if isinstance(alpha, (int, float)) and isinstance(limit, (int, float)) and limit > 0:
         variants += [dict(activation=CLAMPED_SWIGLU, interleaved=i, alpha=float(alpha), limit=float(limit))
