@@ -136,17 +136,18 @@ def test_gradients_ignore_what_earlier_memory_left_in_the_buffer(device, dtype):
 def test_chunk_plan(monkeypatch):
     """The rows per chunk (ops/cross_entropy/launch_plan.h), read through the library's C entry point:
     an eighth of the logits held between 120 MB and 1 GB and under an eighth of free memory, the rows
-    split as evenly as whole multiples of 512 allow (of 64 under 512 rows)."""
+    split as evenly as whole multiples of 512 allow (of 64 under 512 rows); where the chunks add into the
+    weight's gradient, at least 2048 rows within those caps."""
     import ctypes
     function = ctypes.CDLL(fused_ops.library_path()).fused_ops_cross_entropy_chunk_rows
     function.restype = ctypes.c_int64
-    function.argtypes = [ctypes.c_int64] * 4
+    function.argtypes = [ctypes.c_int64] * 5
     monkeypatch.delenv("FUSED_OPS_LOGITS_CHUNK_MB", raising=False)
     plenty = 1 << 40
     megabyte = 1 << 20
 
-    def chunks(rows, classes, element_size, available=plenty):
-        chunk = function(rows, classes, element_size, available)
+    def chunks(rows, classes, element_size, available=plenty, adds_weight_gradient=0):
+        chunk = function(rows, classes, element_size, available, adds_weight_gradient)
         count = -(-rows // chunk)
         return chunk, count, rows - (count - 1) * chunk
 
@@ -162,24 +163,32 @@ def test_chunk_plan(monkeypatch):
     # 120 MB at most (1966 rows) for 8192 x 32000 bf16, in whole multiples of 512: five of 1536 and one
     # of 512, not four of 1664 and one of 1536.
     assert chunks(8192, 32000, 2) == (1536, 6, 512)
-    assert function(8192, 32000, 2, plenty) * 32000 * 2 <= 120 * megabyte
+    assert function(8192, 32000, 2, plenty, 0) * 32000 * 2 <= 120 * megabyte
     # Under 512 rows a chunk holds whole multiples of 64: 3000 float32 rows of 262144 classes (1 MB a
     # row, an eighth is 375 rows): nine of 320 and one of 120.
     assert chunks(3000, 262144, 4) == (320, 10, 120)
+    # Chunks that add into the weight's gradient: 2048 rows of gpt-oss's 201088 classes (823 MB) where an
+    # eighth of 4096 rows' logits is 512 rows; 1 GB and an eighth of free memory still bound them.
+    assert chunks(4096, 201088, 2) == (512, 8, 512)
+    assert chunks(4096, 201088, 2, adds_weight_gradient=1) == (2048, 2, 2048)
+    assert chunks(4096, 524288, 2, adds_weight_gradient=1) == (1024, 4, 1024)
+    assert chunks(4096, 201088, 2, 2048 * megabyte, adds_weight_gradient=1) == (512, 8, 512)
+    assert chunks(16384, 128256, 2, adds_weight_gradient=1) == (2048, 8, 2048)
     # Small logits take one chunk; one row is the least; free memory caps the chunk at an eighth of it.
     assert chunks(100, 50257, 4) == (100, 1, 100)
-    assert function(3, 1, 4, plenty) == 3
-    assert function(4096, 1 << 24, 4, 1) == 1
-    assert function(8192, 32000, 2, 256 * megabyte) * 32000 * 2 <= 32 * megabyte
+    assert function(3, 1, 4, plenty, 0) == 3
+    assert function(4096, 1 << 24, 4, 1, 1) == 1
+    assert function(8192, 32000, 2, 256 * megabyte, 0) * 32000 * 2 <= 32 * megabyte
     # FUSED_OPS_LOGITS_CHUNK_MB sets the size; 0 or empty leaves it to the plan; anything else is an error.
     monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", "8")
     assert chunks(8192, 32000, 2) == (128, 64, 128)
+    assert chunks(8192, 32000, 2, adds_weight_gradient=1) == (128, 64, 128)
     for setting in ("0", ""):
         monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
         assert chunks(8192, 32000, 2) == (1536, 6, 512)
     for setting in ("abc", "-5", "8MB", "1e3", str(1 << 21)):
         monkeypatch.setenv("FUSED_OPS_LOGITS_CHUNK_MB", setting)
-        assert function(8192, 32000, 2, plenty) == -1, setting
+        assert function(8192, 32000, 2, plenty, 1) == -1, setting
 
 
 @pytest.mark.parametrize("wanted", ["input", "weight", "bias"])

@@ -24,7 +24,7 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
   const int64_t rows = x.size(0);
   const at::ScalarType loss_dtype = cross_entropy_loss_dtype(input.scalar_type());
   const at::TensorOptions loss_options = input.options().dtype(loss_dtype);
-  const LogitsChunks chunks(x, weight, bias, backend.available_bytes, backend.zero_row_padding);
+  const LogitsChunks chunks(x, weight, bias, backend.available_bytes, backend.zero_row_padding, gradients[1]);
   const int64_t chunk_rows = chunks.chunk_rows();
   // The first chunk's product is queued before the small kernels of the setup below: the device runs it
   // while the host launches them, where it would otherwise wait for each launch.
@@ -98,9 +98,10 @@ LinearCrossEntropyResult linear_cross_entropy_chunked(const at::Tensor& input, c
 // The chunk plan's rows, for tests through ctypes: no GPU needed. -1 where the plan raises (a bad
 // FUSED_OPS_LOGITS_CHUNK_MB): no exception crosses the C boundary.
 extern "C" int64_t fused_ops_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
-                                                      int64_t available_bytes) {
+                                                      int64_t available_bytes, int64_t adds_weight_gradient) {
   try {
-    return fused_ops::plan_cross_entropy_chunk_rows(rows, classes, element_size, available_bytes);
+    return fused_ops::plan_cross_entropy_chunk_rows(rows, classes, element_size, available_bytes,
+                                                    adds_weight_gradient != 0);
   } catch (const std::exception&) {
     return -1;
   }

@@ -51,13 +51,13 @@ void add_product(at::Tensor& accumulator, const at::Tensor& a, const at::Tensor&
 }
 
 LogitsChunks::LogitsChunks(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-                           int64_t available_bytes, bool zero_row_padding)
+                           int64_t available_bytes, bool zero_row_padding, bool adds_weight_gradient)
     : x_(x), weight_t_(weight.t()) {
   if (bias.has_value() && bias->defined()) bias_ = *bias;
   const int64_t rows = x.size(0);
   const int64_t classes = weight.size(0);
   if (rows == 0) return;
-  chunk_rows_ = plan_cross_entropy_chunk_rows(rows, classes, x.element_size(), available_bytes);
+  chunk_rows_ = plan_cross_entropy_chunk_rows(rows, classes, x.element_size(), available_bytes, adds_weight_gradient);
   const int64_t row_stride = cross_entropy_row_stride(classes, x.element_size());
   buffer_ = at::empty({chunk_rows_, row_stride}, x.options());
   if (zero_row_padding && row_stride > classes) buffer_.narrow(1, classes, row_stride - classes).zero_();

@@ -33,8 +33,10 @@ class LogitsChunks {
  public:
   // zero_row_padding: the device's products read a row's padding past the classes (multiplied by zero),
   // so it is zeroed: a NaN or infinity that earlier memory left there would make gradient rows NaN.
+  // adds_weight_gradient: each chunk's product will be added into the weight's gradient (the plan's
+  // fewest rows then apply).
   LogitsChunks(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-               int64_t available_bytes, bool zero_row_padding);
+               int64_t available_bytes, bool zero_row_padding, bool adds_weight_gradient = false);
   int64_t chunk_rows() const { return chunk_rows_; }
   at::Tensor product(int64_t start, int64_t count) const;
 

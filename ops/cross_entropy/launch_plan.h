@@ -86,11 +86,21 @@ inline int64_t split_evenly(int64_t total, int64_t budget_units, int64_t multipl
   return chunk;
 }
 
-// The forward's chunk of rows: whole multiples of 512 rows (64 for chunks under 512 rows).
+// A chunk whose product adds into the weight's float32 gradient holds at least this many rows (at most 1 GB
+// and an eighth of the memory available): each chunk reads and writes the whole V x H gradient, which costs
+// more than the chunk's product under about 700 rows on an H100 (4 x its FLOP/s over its bandwidth).
+constexpr int64_t kWeightGradientChunkRows = 2048;
+
+// The forward's chunk of rows: whole multiples of 512 rows (64 for chunks under 512 rows); at least
+// kWeightGradientChunkRows where `adds_weight_gradient` (linear_cross_entropy's gradients in the forward).
 inline int64_t plan_cross_entropy_chunk_rows(int64_t rows, int64_t classes, int64_t element_size,
-                                             int64_t available_bytes) {
+                                             int64_t available_bytes, bool adds_weight_gradient = false) {
   const int64_t row_bytes = cross_entropy_row_stride(classes, element_size) * element_size;
-  const int64_t budget = plan_chunk_bytes(rows * row_bytes, row_bytes, available_bytes);
+  int64_t budget = plan_chunk_bytes(rows * row_bytes, row_bytes, available_bytes);
+  if (adds_weight_gradient && requested_chunk_bytes() == 0) {
+    const int64_t fewest_rows_bytes = std::min(kLargestChunkBytes, kWeightGradientChunkRows * row_bytes);
+    budget = std::max(budget, std::min(fewest_rows_bytes, std::max(available_bytes / 8, row_bytes)));
+  }
   return split_evenly(rows, budget / row_bytes, kChunkRowMultiple, kSmallChunkRowMultiple);
 }
 
