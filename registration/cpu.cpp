@@ -16,7 +16,8 @@ using namespace fused_ops;
 
 namespace {
 constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu, &moe_zero_rows_past_end_cpu,
-                                         &moe_routing_backward_cpu, &clamped_gate_composite,
+                                         &moe_routing_backward_cpu, &moe_add_expert_bias_cpu,
+                                         &moe_expert_column_sums_cpu, &moe_expert_bias_dots_cpu, &clamped_gate_composite,
                                          &clamped_gate_backward_composite};
 using Moe = MoeBackend<&kMoeRowKernels>;
 }  // namespace

@@ -16,7 +16,8 @@ using namespace fused_ops;
 
 namespace {
 constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cuda, &moe_sum_pairs_cuda, &moe_zero_rows_past_end_cuda,
-                                         &moe_routing_backward_cuda, &moe_clamped_gate_cuda,
+                                         &moe_routing_backward_cuda, &moe_add_expert_bias_cuda,
+                                         &moe_expert_column_sums_cuda, &moe_expert_bias_dots_cuda, &moe_clamped_gate_cuda,
                                          &moe_clamped_gate_backward_cuda};
 using Moe = MoeBackend<&kMoeRowKernels>;
 }  // namespace

@@ -25,4 +25,9 @@ inline at::Tensor as_unit_stride_rows(const at::Tensor& tensor) {
   return rows.stride(1) == 1 || rows.size(1) <= 1 ? rows : rows.contiguous();
 }
 
+// One value a row as a contiguous [rows] tensor of `dtype`, or undefined where none is given.
+inline at::Tensor row_values_as(const at::Tensor& values, at::ScalarType dtype) {
+  return values.defined() ? values.to(dtype).reshape({-1}).contiguous() : at::Tensor();
+}
+
 }  // namespace fused_ops

@@ -2,6 +2,8 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <vector>
+
 #include "../common/dtype_dispatch.h"
 #include "../common/tensors.h"
 #include "moe.h"
@@ -14,7 +16,86 @@ int64_t paired_rows_cpu(const at::Tensor& offsets) {
   return offsets.numel() == 0 ? 0 : offsets.select(0, -1).item<int64_t>();
 }
 
+// Each expert's rows [start, end) by offsets, read on the host.
+std::vector<int64_t> expert_ends_cpu(const at::Tensor& offsets) {
+  const at::Tensor ends = offsets.to(at::kLong).contiguous();
+  return std::vector<int64_t>(ends.const_data_ptr<int64_t>(), ends.const_data_ptr<int64_t>() + ends.numel());
+}
+
 }  // namespace
+
+void moe_add_expert_bias_cpu(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
+                             const at::Tensor& row_scale) {
+  TORCH_INTERNAL_ASSERT(rows.is_contiguous(), "moe_add_expert_bias_cpu: rows must be contiguous");
+  const at::Tensor biases = bias.to(rows.scalar_type()).contiguous();
+  const std::vector<int64_t> ends = expert_ends_cpu(offsets);
+  const int64_t width = rows.size(1);
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_add_expert_bias_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = row_values_as(row_scale, c10::CppTypeToScalarType<opmath_t>::value);
+    scalar_t* row_values = rows.data_ptr<scalar_t>();
+    for (int64_t expert = 0, start = 0; expert < int64_t(ends.size()); start = ends[expert], ++expert) {
+      const scalar_t* b = biases.const_data_ptr<scalar_t>() + expert * width;
+      at::parallel_for(start, ends[expert], 16, [&](int64_t begin, int64_t stop) {
+        for (int64_t s = begin; s < stop; ++s) {
+          const opmath_t factor = scale.defined() ? scale.const_data_ptr<opmath_t>()[s] : opmath_t(1);
+          scalar_t* row = row_values + s * width;
+          for (int64_t c = 0; c < width; ++c) {
+            row[c] = static_cast<scalar_t>(static_cast<opmath_t>(row[c]) + factor * static_cast<opmath_t>(b[c]));
+          }
+        }
+      });
+    }
+  });
+}
+
+at::Tensor moe_expert_column_sums_cpu(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& row_scale) {
+  const at::Tensor rows = values.contiguous();
+  const std::vector<int64_t> ends = expert_ends_cpu(offsets);
+  const int64_t width = rows.size(1), experts = offsets.numel();
+  const at::ScalarType opmath_type = at::toOpMathType(rows.scalar_type());
+  at::Tensor sums = at::zeros({experts, width}, rows.options().dtype(opmath_type));
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_expert_column_sums_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = row_values_as(row_scale, opmath_type);
+    const scalar_t* in = rows.const_data_ptr<scalar_t>();
+    opmath_t* out = sums.data_ptr<opmath_t>();
+    at::parallel_for(0, experts, 1, [&](int64_t begin, int64_t stop) {
+      for (int64_t expert = begin; expert < stop; ++expert) {
+        for (int64_t s = expert == 0 ? 0 : ends[expert - 1]; s < ends[expert]; ++s) {
+          const opmath_t factor = scale.defined() ? scale.const_data_ptr<opmath_t>()[s] : opmath_t(1);
+          for (int64_t c = 0; c < width; ++c) out[expert * width + c] += factor * static_cast<opmath_t>(in[s * width + c]);
+        }
+      }
+    });
+  });
+  return sums;
+}
+
+at::Tensor moe_expert_bias_dots_cpu(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets) {
+  const at::Tensor values = rows.contiguous();
+  const at::Tensor biases = bias.to(values.scalar_type()).contiguous();
+  const std::vector<int64_t> ends = expert_ends_cpu(offsets);
+  const int64_t width = values.size(1);
+  const at::ScalarType opmath_type = at::toOpMathType(values.scalar_type());
+  at::Tensor dots = at::zeros({values.size(0)}, values.options().dtype(opmath_type));
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_expert_bias_dots_cpu", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const scalar_t* in = values.const_data_ptr<scalar_t>();
+    opmath_t* out = dots.data_ptr<opmath_t>();
+    for (int64_t expert = 0, start = 0; expert < int64_t(ends.size()); start = ends[expert], ++expert) {
+      const scalar_t* b = biases.const_data_ptr<scalar_t>() + expert * width;
+      at::parallel_for(start, ends[expert], 16, [&](int64_t begin, int64_t stop) {
+        for (int64_t s = begin; s < stop; ++s) {
+          opmath_t sum = 0;
+          for (int64_t c = 0; c < width; ++c) sum += static_cast<opmath_t>(in[s * width + c]) * static_cast<opmath_t>(b[c]);
+          out[s] = sum;
+        }
+      });
+    }
+  });
+  return dots;
+}
 
 at::Tensor moe_gather_cpu(const at::Tensor& source, const at::Tensor& order, const at::Tensor& offsets, int64_t top_k) {
   const at::Tensor rows = source.contiguous();

@@ -135,6 +135,83 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (lane == 0) dots[row] = sum;
 }
 
+// The expert of row `row` < end: the first e with offsets[e] > row (offsets are the experts' ends).
+__device__ __forceinline__ int64_t expert_of_row(const int* offsets, int64_t experts, int64_t row) {
+  int64_t low = 0, high = experts - 1;
+  while (low < high) {
+    const int64_t middle = (low + high) / 2;
+    if (offsets[middle] > row) high = middle; else low = middle + 1;
+  }
+  return low;
+}
+
+// One block a row: rows[s] += scale[s] * bias[expert of s] for s < end, in opmath.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_add_expert_bias_kernel(scalar_t* __restrict__ rows,                              // [S, width]
+                               const scalar_t* __restrict__ bias,                        // [E, width]
+                               const int* __restrict__ offsets,                          // [E]
+                               const at::opmath_type<scalar_t>* __restrict__ row_scale,  // [S] or null
+                               int64_t experts, int64_t width) {
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t row = blockIdx.x;
+  if (row >= paired_rows(offsets, experts)) return;
+  const scalar_t* expert_bias = bias + expert_of_row(offsets, experts, row) * width;
+  const opmath_t factor = row_scale == nullptr ? opmath_t(1) : row_scale[row];
+  scalar_t* values = rows + row * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    values[c] = static_cast<scalar_t>(static_cast<opmath_t>(values[c]) + factor * static_cast<opmath_t>(expert_bias[c]));
+  }
+}
+
+// Block (expert, column tile): each thread sums one column over the expert's rows in order.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMoeRowThreads)
+    moe_expert_column_sums_kernel(const scalar_t* __restrict__ values,                       // [S, width]
+                                  const int* __restrict__ offsets,                           // [E]
+                                  const at::opmath_type<scalar_t>* __restrict__ row_scale,  // [S] or null
+                                  int64_t width,
+                                  at::opmath_type<scalar_t>* __restrict__ sums) {            // [E, width]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int64_t expert = blockIdx.x;
+  const int64_t column = int64_t(blockIdx.y) * blockDim.x + threadIdx.x;
+  if (column >= width) return;
+  const int64_t start = expert == 0 ? 0 : offsets[expert - 1], end = offsets[expert];
+  opmath_t sum = 0;
+  for (int64_t row = start; row < end; ++row) {
+    const opmath_t factor = row_scale == nullptr ? opmath_t(1) : row_scale[row];
+    sum += factor * static_cast<opmath_t>(values[row * width + column]);
+  }
+  sums[expert * width + column] = sum;
+}
+
+// One warp a row: dot(rows[s], bias[expert of s]) in opmath, 0 from end on.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    moe_expert_bias_dots_kernel(const scalar_t* __restrict__ rows,  // [S, width]
+                                const scalar_t* __restrict__ bias,  // [E, width]
+                                const int* __restrict__ offsets,    // [E]
+                                int64_t experts, int64_t count, int64_t width,
+                                at::opmath_type<scalar_t>* __restrict__ dots) {  // [S]
+  begin_dependent_kernel();
+  using opmath_t = at::opmath_type<scalar_t>;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  if (row >= count) return;
+  opmath_t sum = 0;
+  if (row < paired_rows(offsets, experts)) {
+    const scalar_t* expert_bias = bias + expert_of_row(offsets, experts, row) * width;
+    for (int64_t c = lane; c < width; c += 32) {
+      sum += static_cast<opmath_t>(rows[row * width + c]) * static_cast<opmath_t>(expert_bias[c]);
+    }
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (lane == 0) dots[row] = sum;
+}
+
 // gpt-oss's clamped SwiGLU of one (gate, up) pair in opmath, as gate.cpp's composite computes it: the clamps
 // are comparisons, so NaN passes through them as it does through ATen's clamp.
 template <typename opmath_t>
@@ -338,6 +415,66 @@ at::Tensor moe_clamped_gate_backward_cuda(const at::Tensor& grad, const at::Tens
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return grad_gate_up;
+}
+
+void moe_add_expert_bias_cuda(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
+                              const at::Tensor& row_scale) {
+  TORCH_INTERNAL_ASSERT(rows.is_contiguous(), "moe_add_expert_bias_cuda: rows must be contiguous");
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const at::Tensor biases = bias.to(rows.scalar_type()).contiguous();
+  const at::Tensor ends = offsets.contiguous();
+  const int64_t count = rows.size(0), width = rows.size(1);
+  if (count == 0 || width == 0 || ends.numel() == 0) return;
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_add_expert_bias_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = row_values_as(row_scale, c10::CppTypeToScalarType<opmath_t>::value);
+    cuda::launch_kernel(cuda::moe_add_expert_bias_kernel<scalar_t>, static_cast<unsigned int>(count),
+                        cuda::kMoeRowThreads, 0, at::cuda::getCurrentCUDAStream(), rows.data_ptr<scalar_t>(),
+                        biases.const_data_ptr<scalar_t>(), ends.const_data_ptr<int>(),
+                        scale.defined() ? scale.const_data_ptr<opmath_t>() : nullptr, ends.numel(), width);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+at::Tensor moe_expert_column_sums_cuda(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& row_scale) {
+  const c10::cuda::CUDAGuard guard(values.device());
+  const at::Tensor rows = values.contiguous();
+  const at::Tensor ends = offsets.contiguous();
+  const int64_t width = rows.size(1), experts = ends.numel();
+  const at::ScalarType opmath_type = at::toOpMathType(rows.scalar_type());
+  at::Tensor sums = at::empty({experts, width}, rows.options().dtype(opmath_type));
+  if (experts == 0 || width == 0) return sums;
+  const dim3 grid(static_cast<unsigned int>(experts),
+                  static_cast<unsigned int>((width + cuda::kMoeRowThreads - 1) / cuda::kMoeRowThreads));
+  FUSED_DISPATCH_FLOATING_TYPES(rows.scalar_type(), "moe_expert_column_sums_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    const at::Tensor scale = row_values_as(row_scale, opmath_type);
+    cuda::launch_kernel(cuda::moe_expert_column_sums_kernel<scalar_t>, grid, cuda::kMoeRowThreads, 0,
+                        at::cuda::getCurrentCUDAStream(), rows.const_data_ptr<scalar_t>(), ends.const_data_ptr<int>(),
+                        scale.defined() ? scale.const_data_ptr<opmath_t>() : nullptr, width, sums.data_ptr<opmath_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return sums;
+}
+
+at::Tensor moe_expert_bias_dots_cuda(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  const at::Tensor values = rows.contiguous();
+  const at::Tensor biases = bias.to(values.scalar_type()).contiguous();
+  const at::Tensor ends = offsets.contiguous();
+  const int64_t count = values.size(0), width = values.size(1);
+  at::Tensor dots = at::zeros({count}, values.options().dtype(at::toOpMathType(values.scalar_type())));
+  if (count == 0 || ends.numel() == 0) return dots;
+  const unsigned int blocks = static_cast<unsigned int>((count + cuda::kWarpsPerBlock - 1) / cuda::kWarpsPerBlock);
+  FUSED_DISPATCH_FLOATING_TYPES(values.scalar_type(), "moe_expert_bias_dots_cuda", [&] {
+    using opmath_t = at::opmath_type<scalar_t>;
+    cuda::launch_kernel(cuda::moe_expert_bias_dots_kernel<scalar_t>, blocks, cuda::kWarpsPerBlock * 32, 0,
+                        at::cuda::getCurrentCUDAStream(), values.const_data_ptr<scalar_t>(),
+                        biases.const_data_ptr<scalar_t>(), ends.const_data_ptr<int>(), ends.numel(), count, width,
+                        dots.data_ptr<opmath_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return dots;
 }
 
 }  // namespace fused_ops

@@ -64,23 +64,6 @@ at::Tensor grouped_outer_product(const at::Tensor& a, const at::Tensor& b, const
   return out;
 }
 
-// [E, N] in opmath: each expert's rows of values [S, N] summed, in a fixed order (segment sums, no atomics).
-at::Tensor expert_sums(const at::Tensor& values, const at::Tensor& offsets) {
-  const int64_t rows = values.size(0), experts = offsets.numel();
-  const at::Tensor bounds = at::cat({at::zeros({1}, offsets.options().dtype(at::kLong)), offsets.to(at::kLong),
-                                     at::full({1}, rows, offsets.options().dtype(at::kLong))});
-  const at::Tensor opmath_values = values.to(at::toOpMathType(values.scalar_type()));
-  const at::Tensor sums = at::segment_reduce(opmath_values, "sum", std::nullopt, std::nullopt, bounds, 0,
-                                             /*unsafe=*/true, at::Scalar(0.0));
-  return sums.narrow(0, 0, experts);
-}
-
-// Each row's expert [S] (rows past the last offset get the last expert: their values are masked).
-at::Tensor row_experts(const at::Tensor& offsets, int64_t rows) {
-  const at::Tensor row = at::arange(rows, offsets.options().dtype(at::kInt));
-  return at::searchsorted(offsets, row, /*out_int32=*/false, /*right=*/true).clamp_max(offsets.numel() - 1);
-}
-
 // Values of the pairs in order's order [S] put back in pair order, as routing_weights' shape and dtype.
 at::Tensor in_pair_order(const at::Tensor& values, const at::Tensor& order, const at::Tensor& routing_weights) {
   return at::zeros({order.numel()}, values.options()).scatter_(0, order, values).view(routing_weights.sizes())
@@ -99,12 +82,11 @@ struct Recomputed {
 // The gathered rows, the gate/up product and the activation of every pair.
 Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
                               const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
-                              const at::Tensor& experts_of_rows, const MoeExpertOptions& options,
-                              const MoeRowKernels& kernels) {
+                              const MoeExpertOptions& options, const MoeRowKernels& kernels) {
   Recomputed result;
   result.x = kernels.gather(hidden, order, offsets, options.top_k);
   result.gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
-  if (given(gate_up_bias)) result.gate_up.add_(gate_up_bias->index_select(0, experts_of_rows));
+  if (given(gate_up_bias)) kernels.add_expert_bias(result.gate_up, *gate_up_bias, offsets, at::Tensor());
   result.activation = experts_gate(result.gate_up, options, kernels);
   return result;
 }
@@ -128,18 +110,14 @@ at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, con
                           const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
                           const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
                           const MoeRowKernels& kernels) {
-  const int64_t rows = order.numel();
-  const at::Tensor experts_of_rows =
-      given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
-  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
-                                        options, kernels);
+  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
   parts.gate_up = at::Tensor();
   // The routing weight scales the activation before the (linear) down product: one pass over [S, I] rather
   // than over [S, H].
   const at::Tensor weights = row_weights(routing_weights, order).unsqueeze(1);
   parts.activation.mul_(weights);
   at::Tensor down = grouped_product(parts.activation, down_weight, offsets, !options.transposed);
-  if (given(down_bias)) down.add_(down_bias->index_select(0, experts_of_rows) * weights);
+  if (given(down_bias)) kernels.add_expert_bias(down, *down_bias, offsets, weights);
   kernels.zero_rows_past_end(down, offsets);  // pairs of no expert give 0
   return down.to(at::promote_types(hidden.scalar_type(), routing_weights.scalar_type()));
 }
@@ -151,10 +129,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
                                    const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
                                    std::array<bool, 6> output_mask, const MoeRowKernels& kernels) {
   const int64_t rows = order.numel();
-  const at::Tensor experts_of_rows =
-      given(gate_up_bias) || given(down_bias) ? row_experts(offsets, rows) : at::Tensor();
-  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, experts_of_rows,
-                                        options, kernels);
+  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
   const at::Tensor weights = row_weights(routing_weights, order);  // [S]
   // Rows from the last offset on are never read below (the products and sums stop there), whatever they hold.
   const at::Tensor g = grad.to(down_weight.scalar_type());
@@ -169,7 +144,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
                                           : grouped_outer_product(g, weighted_activation, offsets);
   }
   if (output_mask[5] && given(down_bias)) {
-    grad_down_bias = expert_sums(g * weights.unsqueeze(1), offsets).to(down_bias->scalar_type());
+    grad_down_bias = kernels.expert_column_sums(g, offsets, weights).to(down_bias->scalar_type());
   }
   const bool input_side = output_mask[0] || output_mask[2] || output_mask[4];
   if (!output_mask[1] && !input_side) {
@@ -181,9 +156,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
       kernels.routing_backward(grouped_product(g, down_weight, offsets, options.transposed), parts.activation, weights);
   parts.activation = at::Tensor();
   if (output_mask[1]) {
-    if (given(down_bias)) {
-      dots += (g.to(dots.scalar_type()) * down_bias->index_select(0, experts_of_rows).to(dots.scalar_type())).sum(1);
-    }
+    if (given(down_bias)) dots += kernels.expert_bias_dots(g, *down_bias, offsets);
     dots.masked_fill_(at::arange(rows, offsets.options().dtype(at::kLong)).ge(offsets.select(0, -1)), 0);
     grad_routing = in_pair_order(dots, order, routing_weights);
   }
@@ -199,7 +172,7 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
   }
   parts.x = at::Tensor();
   if (output_mask[4] && given(gate_up_bias)) {
-    grad_gate_up_bias = expert_sums(grad_gate_up, offsets).to(gate_up_bias->scalar_type());
+    grad_gate_up_bias = kernels.expert_column_sums(grad_gate_up, offsets, at::Tensor()).to(gate_up_bias->scalar_type());
   }
   if (output_mask[0]) {
     const at::Tensor grad_x = grouped_product(grad_gate_up, gate_up_weight, offsets, options.transposed);

@@ -35,6 +35,14 @@ struct MoeRowKernels {
   // (opmath [S]): (h * weight in the activation's dtype, dot(h, activation) a row in opmath), one pass.
   std::tuple<at::Tensor, at::Tensor> (*routing_backward)(const at::Tensor& h, const at::Tensor& activation,
                                                          const at::Tensor& row_weights);
+  // Biases per expert, for rows [S, N] contiguous in expert order (offsets) and bias [E, N]: rows[s] +=
+  // scale[s] * bias[expert of s] in place for s < end (scale [S], or undefined: 1), one rounding.
+  void (*add_expert_bias)(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
+                          const at::Tensor& row_scale);
+  // [E, N] in opmath: each expert's sum of scale[s] * values[s] over its rows, rows in order (no atomics).
+  at::Tensor (*expert_column_sums)(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& row_scale);
+  // [S] in opmath: dot(rows[s], bias[expert of s]) for s < end, 0 from end on.
+  at::Tensor (*expert_bias_dots)(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets);
   // gpt-oss's clamped SwiGLU (MoeExpertOptions) on gate_up [S, 2I] -> [S, I] in opmath, one rounding, and its
   // gradient [S, 2I] in gate_up's layout.
   at::Tensor (*clamped_gate)(const at::Tensor& gate_up, bool interleaved, double alpha, double limit);
@@ -54,6 +62,14 @@ at::Tensor moe_sum_pairs_cuda(const at::Tensor& rows, const at::Tensor& position
 void moe_zero_rows_past_end_cuda(const at::Tensor& rows, const at::Tensor& offsets);
 std::tuple<at::Tensor, at::Tensor> moe_routing_backward_cuda(const at::Tensor& h, const at::Tensor& activation,
                                                              const at::Tensor& row_weights);
+void moe_add_expert_bias_cpu(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
+                             const at::Tensor& row_scale);
+at::Tensor moe_expert_column_sums_cpu(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& row_scale);
+at::Tensor moe_expert_bias_dots_cpu(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets);
+void moe_add_expert_bias_cuda(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
+                              const at::Tensor& row_scale);
+at::Tensor moe_expert_column_sums_cuda(const at::Tensor& values, const at::Tensor& offsets, const at::Tensor& row_scale);
+at::Tensor moe_expert_bias_dots_cuda(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets);
 // The clamped SwiGLU from ATen's ops (every backend's reference; the CPU's kernels) and the CUDA kernels.
 at::Tensor clamped_gate_composite(const at::Tensor& gate_up, bool interleaved, double alpha, double limit);
 at::Tensor clamped_gate_backward_composite(const at::Tensor& grad, const at::Tensor& gate_up, bool interleaved,
