@@ -219,7 +219,7 @@ def train(args, variant):
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
             step()
             torch.cuda.synchronize()
-        table = profiler.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+        table = profiler.key_averages().table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=100)
         with open(os.path.join(args.out, f"profile_{args.family}_{variant}.txt"), "w") as file:
             file.write(kernel_time_by_kind(profiler.events()) + "\n\n" + table)
     times = []
