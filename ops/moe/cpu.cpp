@@ -22,6 +22,16 @@ std::vector<int64_t> expert_ends_cpu(const at::Tensor& offsets) {
   return std::vector<int64_t>(ends.const_data_ptr<int64_t>(), ends.const_data_ptr<int64_t>() + ends.numel());
 }
 
+// body(expert, row) for every row of an expert, the rows of each expert in parallel.
+template <typename Body>
+void for_each_expert_row(const std::vector<int64_t>& ends, Body body) {
+  for (int64_t expert = 0, start = 0; expert < int64_t(ends.size()); start = ends[expert], ++expert) {
+    at::parallel_for(start, ends[expert], 16, [&](int64_t begin, int64_t stop) {
+      for (int64_t row = begin; row < stop; ++row) body(expert, row);
+    });
+  }
+}
+
 }  // namespace
 
 void moe_add_expert_bias_cpu(const at::Tensor& rows, const at::Tensor& bias, const at::Tensor& offsets,
@@ -34,18 +44,14 @@ void moe_add_expert_bias_cpu(const at::Tensor& rows, const at::Tensor& bias, con
     using opmath_t = at::opmath_type<scalar_t>;
     const at::Tensor scale = row_values_as(row_scale, c10::CppTypeToScalarType<opmath_t>::value);
     scalar_t* row_values = rows.data_ptr<scalar_t>();
-    for (int64_t expert = 0, start = 0; expert < int64_t(ends.size()); start = ends[expert], ++expert) {
+    for_each_expert_row(ends, [&](int64_t expert, int64_t s) {
       const scalar_t* b = biases.const_data_ptr<scalar_t>() + expert * width;
-      at::parallel_for(start, ends[expert], 16, [&](int64_t begin, int64_t stop) {
-        for (int64_t s = begin; s < stop; ++s) {
-          const opmath_t factor = scale.defined() ? scale.const_data_ptr<opmath_t>()[s] : opmath_t(1);
-          scalar_t* row = row_values + s * width;
-          for (int64_t c = 0; c < width; ++c) {
-            row[c] = static_cast<scalar_t>(static_cast<opmath_t>(row[c]) + factor * static_cast<opmath_t>(b[c]));
-          }
-        }
-      });
-    }
+      const opmath_t factor = scale.defined() ? scale.const_data_ptr<opmath_t>()[s] : opmath_t(1);
+      scalar_t* row = row_values + s * width;
+      for (int64_t c = 0; c < width; ++c) {
+        row[c] = static_cast<scalar_t>(static_cast<opmath_t>(row[c]) + factor * static_cast<opmath_t>(b[c]));
+      }
+    });
   });
 }
 
@@ -83,16 +89,12 @@ at::Tensor moe_expert_bias_dots_cpu(const at::Tensor& rows, const at::Tensor& bi
     using opmath_t = at::opmath_type<scalar_t>;
     const scalar_t* in = values.const_data_ptr<scalar_t>();
     opmath_t* out = dots.data_ptr<opmath_t>();
-    for (int64_t expert = 0, start = 0; expert < int64_t(ends.size()); start = ends[expert], ++expert) {
+    for_each_expert_row(ends, [&](int64_t expert, int64_t s) {
       const scalar_t* b = biases.const_data_ptr<scalar_t>() + expert * width;
-      at::parallel_for(start, ends[expert], 16, [&](int64_t begin, int64_t stop) {
-        for (int64_t s = begin; s < stop; ++s) {
-          opmath_t sum = 0;
-          for (int64_t c = 0; c < width; ++c) sum += static_cast<opmath_t>(in[s * width + c]) * static_cast<opmath_t>(b[c]);
-          out[s] = sum;
-        }
-      });
-    }
+      opmath_t sum = 0;
+      for (int64_t c = 0; c < width; ++c) sum += static_cast<opmath_t>(in[s * width + c]) * static_cast<opmath_t>(b[c]);
+      out[s] = sum;
+    });
   });
   return dots;
 }
