@@ -7,6 +7,7 @@
 #include "../ops/activations/silu_mul_linear.h"
 #include "autograd.h"
 #include "autograd_losses.h"
+#include "autograd_attention.h"
 #include "autograd_moe.h"
 #include "autograd_norms.h"
 #include "autograd_transforms.h"
@@ -400,4 +401,7 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("moe_expert_mlp_backward", &NotDifferentiable<moe_expert_mlp_backward_op>::call);
   m.impl("moe_unpermute", &moe_unpermute_autograd);
   m.impl("moe_unpermute_backward", &NotDifferentiable<moe_unpermute_backward_op>::call);
+  using namespace fused_ops::attention_autograd;
+  m.impl("attention_with_sinks", &attention_with_sinks_autograd);
+  m.impl("attention_with_sinks_backward", &NotDifferentiable<attention_with_sinks_backward_op>::call);
 }

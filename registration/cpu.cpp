@@ -10,11 +10,18 @@
 #include "../ops/norms/norm.h"
 #include "../ops/rotary/rotary.h"
 #include "entry_points.h"
+#include "entry_points_attention.h"
 #include "entry_points_moe.h"
 
 using namespace fused_ops;
 
 namespace {
+// attention_with_sinks' kernels (ops/attention).
+struct AttentionWithSinksCpu {
+  static constexpr auto forward = &attention_with_sinks_reference;
+  static constexpr auto backward = &attention_with_sinks_backward_reference;
+};
+
 constexpr MoeRowKernels kMoeRowKernels{&moe_gather_cpu, &moe_sum_pairs_cpu, &moe_zero_rows_past_end_cpu,
                                          &moe_routing_backward_cpu, &moe_add_expert_bias_cpu,
                                          &moe_expert_column_sums_cpu, &moe_expert_bias_dots_cpu, &clamped_gate_composite,
@@ -55,4 +62,6 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<Moe>);
   m.impl("moe_unpermute", &moe_unpermute_entry<Moe>);
   m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<Moe>);
+  m.impl("attention_with_sinks", &attention_with_sinks_entry<AttentionWithSinksCpu>);
+  m.impl("attention_with_sinks_backward", &attention_with_sinks_backward_entry<AttentionWithSinksCpu>);
 }

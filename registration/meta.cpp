@@ -5,6 +5,7 @@
 
 #include "../ops/common/bit_mask.h"
 #include "entry_points.h"
+#include "entry_points_attention.h"
 #include "entry_points_moe.h"
 
 namespace fused_ops {
@@ -213,4 +214,6 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<MoeMeta>);
   m.impl("moe_unpermute", &moe_unpermute_entry<MoeMeta>);
   m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<MoeMeta>);
+  m.impl("attention_with_sinks", &attention_with_sinks_entry<AttentionWithSinksMeta>);
+  m.impl("attention_with_sinks_backward", &attention_with_sinks_backward_entry<AttentionWithSinksMeta>);
 }

@@ -159,4 +159,14 @@ TORCH_LIBRARY(fused, m) {
   m.def("moe_unpermute_backward(Tensor grad, Tensor? rows, Tensor order, Tensor offsets, int top_k, "
         "Tensor? routing_weights, bool[2] output_mask) -> (Tensor grad_rows, Tensor grad_routing_weights)",
         tags);
+  // Causal attention with a sink logit per query head (gpt-oss): output = softmax(q k^T * scale) v * s, s =
+  // sigmoid(log_sum_exp - sinks[h]); query [B, S, Hq, D], key and value [B, S, Hkv, D]; window > 0: the latest
+  // `window` keys only. log_sum_exp [B, Hq, S] (float32) is the scores' own, without the sink.
+  m.def("attention_with_sinks(Tensor query, Tensor key, Tensor value, Tensor sinks, float scale, int window=0) -> "
+        "(Tensor output, Tensor log_sum_exp)",
+        tags);
+  m.def("attention_with_sinks_backward(Tensor grad_output, Tensor query, Tensor key, Tensor value, Tensor sinks, "
+        "Tensor output, Tensor log_sum_exp, float scale, int window) -> (Tensor grad_query, Tensor grad_key, "
+        "Tensor grad_value, Tensor grad_sinks)",
+        tags);
 }

@@ -103,7 +103,7 @@ def _check_built_for_this_torch() -> None:
 _check_built_for_this_torch()
 torch.ops.load_library(library_path())
 
-from ._ops import (add_layer_norm, add_rms_norm, bias_gelu, gated_mul, gated_mul_linear, gelu_mul,  # noqa: E402
+from ._ops import (add_layer_norm, add_rms_norm, attention_with_sinks, bias_gelu, gated_mul, gated_mul_linear, gelu_mul,  # noqa: E402
                    layer_norm, linear_cross_entropy, linear_log_probs, moe_expert_mlp, moe_experts, moe_permute,
                    moe_unpermute, relu_add, rms_norm, rotary_embedding, silu_mul, silu_mul_linear)
 from . import nn  # noqa: E402
@@ -141,6 +141,7 @@ __all__ = [
     "moe_expert_mlp",
     "moe_unpermute",
     "moe_experts",
+    "attention_with_sinks",
     "fuse",
     "FusionReport",
     "token_log_probs",

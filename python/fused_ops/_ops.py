@@ -22,6 +22,7 @@ _linear_log_probs = torch.ops.fused.linear_log_probs.default
 _moe_permute = torch.ops.fused.moe_permute.default
 _moe_expert_mlp = torch.ops.fused.moe_expert_mlp.default
 _moe_unpermute = torch.ops.fused.moe_unpermute.default
+_attention_with_sinks = torch.ops.fused.attention_with_sinks.default
 
 
 def relu_add(x: Tensor, y: Tensor, bias: float = 0.0) -> Tensor:
@@ -219,3 +220,19 @@ def moe_experts(hidden_states: Tensor, top_k_index: Tensor, routing_weights: Ten
     rows = _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
                            gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit)
     return _moe_unpermute(rows, order, offsets, top_k_index.shape[-1], None).to(hidden_states.dtype)
+
+
+def attention_with_sinks(query: Tensor, key: Tensor, value: Tensor, sinks: Tensor, scale: float,
+                         window: int = 0) -> Tensor:
+    """Causal attention with a learned sink logit per query head (gpt-oss): each query's softmax runs over the
+    keys it sees and `sinks[h]`, whose value row is zero, so `softmax(q k^T * scale) v * sigmoid(lse - sinks[h])`
+    with `lse` the log-sum-exp of the query's scaled scores. `window > 0`: each query sees its `window` latest
+    keys (itself included); 0: every earlier key.
+
+    query [B, S, Hq, D], key and value [B, S, Hkv, D] with Hq a multiple of Hkv (GQA), sinks [Hq]; the output
+    is [B, S, Hq, D] of query's dtype. On the GPU, float16 and bfloat16 heads of a size up to 256 and a multiple
+    of 8 run torch's flash kernels (the sink rescales their output, and their backward serves the gradients);
+    elsewhere ATen's math in float32. Its autograd node keeps the inputs, the output and the log-sum-exp, no
+    [S, S] scores. Differentiable in query, key, value and sinks.
+    """
+    return _attention_with_sinks(query, key, value, sinks, scale, window)[0]

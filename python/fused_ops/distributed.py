@@ -30,6 +30,9 @@ halves, is gathered on that dim first).
   of tokens and experts in an order computed over the whole batch, and an expert's weights are read whole.
   Experts sharded over a mesh are gathered to each rank for them. `moe_unpermute` and its gradient also run
   on rows sharded on the hidden dim (the routing replicated), the routing weights' gradient then `Partial`.
+- `attention_with_sinks` and its backward run on query, key and value (and the gradients) sharded alike on the
+  batch, or on the heads with the sinks sharded with them (the key heads, fewer under GQA, split as evenly);
+  the log-sum-exp follows on its batch or heads dim. The sinks' gradient is `Partial` over batch shards.
 - `relu_add_with_mask`'s bit mask holds x's elements in C order, so it shards only where x's local
   shards are whole bytes of the mask: x sharded on dim 0 with rows of a multiple of 8 elements,
   evenly over the mesh.
@@ -301,6 +304,21 @@ def _moe_unpermute_rules(rows, order, offsets, top_k, routing_weights=None, grad
     return rules + [(outputs, [Shard(1), rows_placement, Replicate(), Replicate(), None, weights, None])]
 
 
+def _attention_with_sinks_rules(query, key, value, sinks, scale, window=0, grad=None):
+    """attention_with_sinks (grad None: output and log-sum-exp) or its backward (grad, then the forward's
+    arguments, its output and log-sum-exp: four gradients): on batch or head shards."""
+    Partial, Replicate, Shard = _placements()
+
+    def rule(rows, sinks_placement, log_sum_exp, sinks_gradient):
+        tensors = [rows, rows, rows, sinks_placement]
+        if grad is None:
+            return [rows, log_sum_exp], tensors + [None, None]
+        return [rows, rows, rows, sinks_gradient], [rows] + tensors + [rows, log_sum_exp, None, None]
+    return [rule(Replicate(), Replicate(), Replicate(), Replicate()),
+            rule(Shard(0), Replicate(), Shard(0), Partial()),
+            rule(Shard(2), Shard(0), Shard(1), Shard(0))]
+
+
 def _tensor(spec):
     return spec, False
 
@@ -384,6 +402,10 @@ def _register_once():
     rule(ops.moe_expert_mlp)(lambda *arguments: _replicated(*arguments))
     rule(ops.moe_expert_mlp_backward)(lambda *arguments: _replicated(*arguments, outputs=6))
     rule(ops.moe_unpermute)(_moe_unpermute_rules)
+    rule(ops.attention_with_sinks)(_attention_with_sinks_rules)
+    rule(ops.attention_with_sinks_backward)(
+        lambda grad, query, key, value, sinks, output, log_sum_exp, scale, window: _attention_with_sinks_rules(
+            query, key, value, sinks, scale, window, grad=grad))
     rule(ops.moe_unpermute_backward)(
         lambda grad, rows, order, offsets, top_k, routing_weights, output_mask: _moe_unpermute_rules(
             rows, order, offsets, top_k, routing_weights, grad=grad, output_mask=output_mask))

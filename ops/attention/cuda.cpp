@@ -1,0 +1,66 @@
+// attention_with_sinks on the GPU through torch's flash kernels: the sink rescales the output by
+// sigmoid(lse - sink), and the backward is flash's own at grad_output * s with the output in the place of the
+// attention output (attention.h). Heads and dtypes the flash kernels do not take run the reference.
+#include <c10/cuda/CUDAGuard.h>
+
+#include "attention.h"
+
+namespace fused_ops {
+namespace {
+
+bool takes_flash(const at::Tensor& query, const at::Tensor& key) {
+  const int64_t head_size = query.size(-1);
+  const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
+  return half && head_size % 8 == 0 && head_size <= 256 && query.size(2) % key.size(2) == 0;
+}
+
+// flash's window: keys from `window - 1` before each query to the query itself; -1 leaves that side open.
+std::optional<int64_t> left_window(const AttentionWithSinksOptions& options) {
+  return options.window > 0 ? std::optional<int64_t>(options.window - 1) : std::optional<int64_t>(-1);
+}
+
+at::Tensor last_dim_contiguous(const at::Tensor& tensor) {
+  return tensor.stride(-1) == 1 ? tensor : tensor.contiguous();
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_with_sinks_cuda(const at::Tensor& query, const at::Tensor& key,
+                                                             const at::Tensor& value, const at::Tensor& sinks,
+                                                             const AttentionWithSinksOptions& options) {
+  if (!takes_flash(query, key)) return attention_with_sinks_reference(query, key, value, sinks, options);
+  const c10::cuda::CUDAGuard guard(query.device());
+  const int64_t length = query.size(1);
+  auto flash = at::_flash_attention_forward(last_dim_contiguous(query), last_dim_contiguous(key),
+                                            last_dim_contiguous(value), std::nullopt, std::nullopt, length, length,
+                                            0.0, /*is_causal=*/true, /*return_debug_mask=*/false, options.scale,
+                                            left_window(options), std::optional<int64_t>(0));
+  const at::Tensor& attended = std::get<0>(flash);     // [B, S, Hq, D]
+  const at::Tensor& log_sum_exp = std::get<1>(flash);  // [B, Hq, S] float32
+  return {(attended * sink_factor(log_sum_exp, sinks)).to(query.scalar_type()).contiguous(), log_sum_exp};
+}
+
+AttentionGradients attention_with_sinks_backward_cuda(const at::Tensor& grad_output, const at::Tensor& query,
+                                                      const at::Tensor& key, const at::Tensor& value,
+                                                      const at::Tensor& sinks, const at::Tensor& output,
+                                                      const at::Tensor& log_sum_exp,
+                                                      const AttentionWithSinksOptions& options) {
+  if (!takes_flash(query, key)) {
+    return attention_with_sinks_backward_reference(grad_output, query, key, value, sinks, output, log_sum_exp,
+                                                   options);
+  }
+  const c10::cuda::CUDAGuard guard(query.device());
+  const int64_t length = query.size(1);
+  const at::Tensor factor = sink_factor(log_sum_exp, sinks);  // [B, S, Hq, 1] float32
+  const at::Tensor scaled_grad = (grad_output.to(at::kFloat) * factor).to(query.scalar_type());
+  const at::Tensor no_rng = at::empty({2}, query.options().dtype(at::kLong));
+  const at::Tensor unused = at::empty({}, query.options().dtype(at::kLong));
+  const at::Tensor no_offsets;
+  auto [grad_query, grad_key, grad_value] = at::_flash_attention_backward(
+      scaled_grad.contiguous(), last_dim_contiguous(query), last_dim_contiguous(key), last_dim_contiguous(value),
+      output.contiguous(), log_sum_exp, no_offsets, no_offsets, length, length, 0.0, /*is_causal=*/true, no_rng,
+      unused, options.scale, left_window(options), std::optional<int64_t>(0));
+  return {grad_query, grad_key, grad_value, sink_gradient(grad_output, output, factor, sinks)};
+}
+
+}  // namespace fused_ops
