@@ -17,6 +17,7 @@ from .. import why_cuda_kernels_do_not_run_on
 from . import probe
 from .report import Entry, FusionReport
 from .rules import LeftAlone
+from .rules.attention_sinks import AttentionSinksRule
 from .rules.bias_gelu import BiasGELURule
 from .rules.causal_mask import CausalMaskRule
 from .rules.experts_gate import ExpertsGateRule
@@ -32,11 +33,11 @@ from .swap import fused_kind, shadowed_methods, swap
 logger = logging.getLogger("fused_ops")
 
 # The order matters twice: residual_norm builds on the norms proven before it, and the causal mask's
-# sliding-window variant on the band-aware attention proven before it.
+# marker variants on the attention proven before it to take the markers.
 _RULES = [(GatedMLPRule(), "mlp"), (ExpertsGateRule(), "mlp"), (BiasGELURule(), "mlp"), (RotaryRule(), "rope"),
           (LMHeadLossRule(), "cross_entropy"), (NormRule(), "norms"), (GatedNormRule(), "norms"),
           (ResidualNormRule(), "residual_norms"), (SlidingWindowAttentionRule(), "causal_mask"),
-          (CausalMaskRule(), "causal_mask")]
+          (AttentionSinksRule(), "causal_mask"), (CausalMaskRule(), "causal_mask")]
 
 
 class _Context:
@@ -170,7 +171,8 @@ def fuse(model: torch.nn.Module, *, norms: bool = True, mlp: bool = True, rope: 
     fused code cannot honour runs the stock forward: under a torch.func transform or forward-mode AD, with a
     hook on a part the fused code does not call (or a global module hook), with arguments or edits made
     since fuse() that its proof does not cover.
-    The keyword flags turn kinds off (`causal_mask` also turns off the sliding-window attention).
+    The keyword flags turn kinds off (`causal_mask` also turns off the sliding-window attention and the
+    attention with sinks).
     """
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"fused_ops.fuse: expected a torch.nn.Module, got {type(model).__name__}")

@@ -25,7 +25,9 @@ EXPECTED_FUSIONS = {
     "nemotron": LLAMA_KIN - {"gated_mlp"},  # LayerNorm1P's (1 + weight); its MLP is relu², not gated
     "mixtral": MOE | WINDOW, "qwen3_moe": MOE | WINDOW,
     "hunyuan_v1_moe": MOE | {"gated_mlp"},
-    "gpt_oss": MOE,  # its experts' gate is a clamped SwiGLU, interleaved, computed inside the experts ops
+    # Its experts' gate is a clamped SwiGLU, interleaved, computed inside the experts ops; its eager attention
+    # with sinks takes the causal markers.
+    "gpt_oss": MOE | {"attention_sinks"},
     # Its experts clamp gate and up at swiglu_limit; its rotary is partial and interleaved, on one tensor at a
     # time; its layers mix their residual streams (hyper-connections).
     "deepseek_v4": frozenset({"norm", "lm_head_loss"}),

@@ -3,7 +3,10 @@
 one, also while torch.compile traces (where transformers otherwise materialises the mask, and SDPA runs
 its slower masked kernels and no longer skips the masked-out half). In the same plain case, a proven
 variant has create_sliding_window_causal_mask return None where the sequence fits the window and the
-SlidingWindowCausal marker where it does not, for attention made band-aware (rules/sliding_window.py)."""
+SlidingWindowCausal marker where it does not, for attention made band-aware (rules/sliding_window.py). Under eager
+attention, where None would mean no mask at all, a proven variant whose attention takes the markers
+(rules/attention_sinks.py) hands full layers FullCausal and sliding layers SlidingWindowCausal, unless
+attention weights are to be recorded (`output_attentions`), which only the eager attention gives."""
 import inspect
 
 import torch
@@ -11,7 +14,8 @@ import torch
 from .. import probe
 from ..swap import forward_builder, innermost, with_global
 from . import LeftAlone, Rule, exporting
-from .sliding_window import SlidingWindowCausal, markers
+from ..swap import fused_kind
+from .sliding_window import FullCausal, SlidingWindowCausal, markers
 
 # create_causal_mask's arguments that do not change the mask from the plain causal one when None (or,
 # for allow_is_causal_skip, True); any other argument given keeps transformers' mask.
@@ -24,25 +28,32 @@ _PROOF_WINDOW = 2
 
 
 class PlainCausalMask:
-    """transformers' create_causal_mask, returning None for the plain causal case (module docstring)."""
+    """transformers' create_causal_mask, returning None for the plain causal case under SDPA, and with
+    `eager_markers` FullCausal for it under eager attention (module docstring)."""
 
-    def __init__(self, create_causal_mask):
-        self.create_causal_mask = create_causal_mask
+    def __init__(self, create_causal_mask, eager_markers=False):
+        self.create_causal_mask, self.eager_markers = create_causal_mask, eager_markers
         self.names = list(inspect.signature(create_causal_mask).parameters)
 
     def __call__(self, *args, **kwargs):
-        return None if self.plain(dict(zip(self.names, args), **kwargs)) else self.create_causal_mask(*args, **kwargs)
+        arguments = dict(zip(self.names, args), **kwargs)
+        if not self.plain(arguments):
+            return self.create_causal_mask(*args, **kwargs)
+        return FullCausal() if self.eager(arguments) else None
 
-    @staticmethod
-    def plain(arguments):
-        """No padding mask, positions or filled cache, SDPA, and no export or TorchScript trace (which would
-        keep the shapes of the mask this call skips)."""
+    def eager(self, arguments):
+        return getattr(arguments.get("config"), "_attn_implementation", None) == "eager"
+
+    def plain(self, arguments):
+        """No padding mask, positions or filled cache, SDPA (or eager attention taking the markers), and no
+        export or TorchScript trace (which would keep the shapes of the mask this call skips)."""
         config, cache = arguments.get("config"), arguments.get("past_key_values")
         fresh = cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0)
+        implementation = getattr(config, "_attn_implementation", None)
         return (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
                 and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
-                and getattr(config, "_attn_implementation", None) == "sdpa" and getattr(config, "is_causal", True)
-                and not exporting() and not torch.jit.is_tracing())
+                and (implementation == "sdpa" or (self.eager_markers and implementation == "eager"))
+                and getattr(config, "is_causal", True) and not exporting() and not torch.jit.is_tracing())
 
 
 class PlainSlidingWindowMask(PlainCausalMask):
@@ -56,7 +67,7 @@ class PlainSlidingWindowMask(PlainCausalMask):
         if (not self.plain(arguments) or not torch.is_tensor(embeddings) or embeddings.dim() != 3
                 or not isinstance(window, int) or isinstance(window, bool) or window < 1):
             return self.create_causal_mask(*args, **kwargs)
-        if embeddings.shape[1] <= window:
+        if embeddings.shape[1] <= window and not self.eager(arguments):
             return None
         if not torch.compiler.is_compiling():
             markers["made"] += 1
@@ -67,14 +78,17 @@ class PlainSlidingWindowMask(PlainCausalMask):
 def _causal_mask_forward(base, options):
     stock = base.forward
     functions = innermost(stock).__globals__
-    plain = with_global(stock, "create_causal_mask", PlainCausalMask(functions["create_causal_mask"]))
+    eager_markers = bool(options.get("eager_markers"))
+    plain = with_global(stock, "create_causal_mask", PlainCausalMask(functions["create_causal_mask"], eager_markers))
     if options.get("sliding_window"):
         plain = with_global(plain, "create_sliding_window_causal_mask",
-                            PlainSlidingWindowMask(functions["create_sliding_window_causal_mask"]))
+                            PlainSlidingWindowMask(functions["create_sliding_window_causal_mask"], eager_markers))
 
     def forward(self, *args, **kwargs):
         # Positions given may describe packed sequences, whose mask is not the plain causal one.
         if args[1:] or kwargs.get("position_ids") is not None or kwargs.get("attention_mask") is not None:
+            return stock(self, *args, **kwargs)
+        if eager_markers and kwargs.get("output_attentions", getattr(self.config, "output_attentions", False)):
             return stock(self, *args, **kwargs)
         return plain(self, *args, **kwargs)
     return forward
@@ -105,10 +119,18 @@ class CausalMaskRule(Rule):
         code = innermost(type(module).forward).__code__
         sliding = "create_sliding_window_causal_mask" in code.co_names and callable(
             innermost(type(module).forward).__globals__.get("create_sliding_window_causal_mask"))
-        return [(("sliding_window", True),), ()] if sliding else [()]
+        variants = [(("sliding_window", True),), ()] if sliding else [()]
+        if _eager_attention_takes_markers(module):
+            variants.insert(0, (("eager_markers", True),) + variants[0])
+        return variants
 
     def inputs(self, module, context):
         return context.captured_inputs(module)
+
+    def summary(self, options):
+        if options.get("eager_markers"):
+            return "plain causal attention -> a causal marker for attention_with_sinks, no materialized mask"
+        return self.description
 
     def verify(self, module, fused_cls, context):
         """The whole base model, stock against swapped, with its own parameters (its mask, not its weights,
@@ -129,4 +151,17 @@ class CausalMaskRule(Rule):
         finally:
             config.sliding_window = window
         if markers["made"] == before["made"] or markers["taken"] == before["taken"]:
-            raise probe.Mismatch("its probe forward made no sliding-window mask for a band-aware attention")
+            raise probe.Mismatch("its probe forward made no sliding-window marker for an attention that takes it")
+
+
+def _eager_attention_takes_markers(base):
+    """Whether `base` runs eager attention and every attention in it takes the markers (attention_sinks)."""
+    if getattr(getattr(base, "config", None), "_attn_implementation", None) != "eager":
+        return False
+    def stock_code(module):
+        cls = type(module).__bases__[0] if fused_kind(module) else type(module)
+        return getattr(innermost(cls.forward), "__code__", None)
+    attentions = [module for module in base.modules()
+                  if "ALL_ATTENTION_FUNCTIONS" in getattr(stock_code(module), "co_names", ())]
+    return bool(attentions) and all(
+        fused_kind(module) and dict(type(module)._fused_ops_options).get("sink_attention") for module in attentions)

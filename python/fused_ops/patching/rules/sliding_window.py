@@ -25,16 +25,31 @@ from . import LeftAlone, Rule
 markers = {"made": 0, "taken": 0}
 
 
+def count_taken():
+    if not torch.compiler.is_compiling():
+        markers["taken"] += 1
+
+
 class SlidingWindowCausal(NamedTuple):
     """What a sliding-window layer attends: each query the `window` latest keys up to its own position."""
     window: int
 
 
+class FullCausal(NamedTuple):
+    """What a full layer attends, handed to an attention that takes no materialised mask under eager attention
+    (rules/attention_sinks.py): every key up to the query's own position."""
+    window: int = 0
+
+
+MARKERS = (SlidingWindowCausal, FullCausal)
+
+
 def sliding_window_mask(window, query_length, key_length, device):
-    """The boolean mask transformers builds for the marker's pattern (the queries are the last keys' tokens)."""
+    """The boolean mask transformers builds for the marker's pattern (the queries are the last keys' tokens);
+    window 0: plain causal."""
     rows = torch.arange(query_length, device=device)[:, None] + (key_length - query_length)
     keys = torch.arange(key_length, device=device)[None, :]
-    return (keys <= rows) & (keys > rows - window)
+    return (keys <= rows) & (keys > rows - window) if window else keys <= rows
 
 
 def _stock_sdpa():
@@ -145,14 +160,14 @@ def banded_attention(attention, module, query, key, value, window, **kwargs):
     return torch.cat([head, tail], dim=1), None
 
 
-def band_aware_attention(attention, reference, module, query, key, value, attention_mask, *args, **kwargs):
+def band_aware_attention(attention, default, reference, module, query, key, value, attention_mask, *args,
+                         **kwargs):
     """An attention function that takes the marker: banded where the call is the plain causal SDPA one it
     was proven for (no dropout, queries and keys aligned), the materialised mask otherwise (and as the
     reference a proof compares with)."""
     if not isinstance(attention_mask, SlidingWindowCausal):
         return attention(module, query, key, value, attention_mask, *args, **kwargs)
-    if not torch.compiler.is_compiling():
-        markers["taken"] += 1
+    count_taken()
     dropout = kwargs.get("dropout", 0.0)
     if (reference or args or attention is not _stock_sdpa() or query.shape[2] != key.shape[2]
             or not isinstance(dropout, (int, float)) or dropout != 0 or kwargs.get("position_bias") is not None):
@@ -162,28 +177,35 @@ def band_aware_attention(attention, reference, module, query, key, value, attent
     return banded_attention(attention, module, query, key, value, attention_mask.window, **kwargs)
 
 
-class BandAwareFunctions:
-    """transformers' ALL_ATTENTION_FUNCTIONS as one attention forward sees it: each function band-aware."""
+class MarkerAwareFunctions:
+    """transformers' ALL_ATTENTION_FUNCTIONS as one attention forward sees it: each function wrapped by
+    `consumer(function, default, reference, module, query, ...)`, which takes the markers; `default` is the
+    forward's own (eager) function, None where the forward names one."""
 
-    def __init__(self, functions, reference):
-        self.functions, self.reference = functions, reference
+    def __init__(self, functions, consumer, reference):
+        self.functions, self.consumer, self.reference = functions, consumer, reference
 
     def get_interface(self, name, default):
-        return functools.partial(band_aware_attention, self.functions.get_interface(name, default), self.reference)
+        return functools.partial(self.consumer, self.functions.get_interface(name, default), default, self.reference)
 
     def __getitem__(self, name):
-        return functools.partial(band_aware_attention, self.functions[name], self.reference)
+        return functools.partial(self.consumer, self.functions[name], None, self.reference)
 
     def __getattr__(self, name):
         return getattr(self.functions, name)
+
+
+def marker_aware(forward, consumer, reference):
+    """`forward` with its attention functions taking the markers through `consumer`."""
+    functions = innermost(forward).__globals__["ALL_ATTENTION_FUNCTIONS"]
+    return with_global(forward, "ALL_ATTENTION_FUNCTIONS", MarkerAwareFunctions(functions, consumer, reference))
 
 
 @forward_option("band_aware")
 def _band_aware_forward(forward, value):
     """`forward` with its attention functions band-aware; "reference" materialises the marker's mask."""
     _mark_for_torch_compile()
-    functions = innermost(forward).__globals__["ALL_ATTENTION_FUNCTIONS"]
-    return with_global(forward, "ALL_ATTENTION_FUNCTIONS", BandAwareFunctions(functions, value == "reference"))
+    return marker_aware(forward, band_aware_attention, value == "reference")
 
 
 @forward_builder("sliding_window_attention")
@@ -260,20 +282,26 @@ class SlidingWindowAttentionRule(Rule):
         """A band-aware attention that no swapped base model hands the marker (its causal mask left as is,
         or its mask made elsewhere, as an image-text model's) would never take one: it goes back to the
         class it had, and the report says so."""
-        marking = [module for module in model.modules() if fused_kind(module) == "causal_mask"
-                   and dict(type(module)._fused_ops_options).get("sliding_window")]
-        reached = {id(sub) for base in marking for sub in base.modules()}
-        for index, entry in enumerate(report.entries):
-            if entry.kind != self.kind or not entry.swapped:
-                continue
-            module = model.get_submodule(entry.path)
-            if id(module) in reached:
-                continue
-            cls = type(module)
-            options = tuple(option for option in cls._fused_ops_options if option[0] != "band_aware")
-            if cls._fused_ops_kind == self.kind:
-                module.__class__ = cls.__bases__[0]
-            else:
-                swap(module, fused_class(cls.__bases__[0], cls._fused_ops_kind, options))
-            report.entries[index] = Entry(entry.path, entry.module_class, self.kind, False,
-                                          "no swapped base model hands it a sliding-window marker")
+        settle_marker_consumers(model, report, self.kind, "band_aware", "sliding_window",
+                                "no swapped base model hands it a sliding-window marker")
+
+
+def settle_marker_consumers(model, report, kind, option, mask_option, reason):
+    """Attention swapped by `kind` (its fused forward carrying `option`) that no base model swapped with the
+    causal mask's `mask_option` reaches goes back to the class it had; the report says why."""
+    marking = [module for module in model.modules() if fused_kind(module) == "causal_mask"
+               and dict(type(module)._fused_ops_options).get(mask_option)]
+    reached = {id(sub) for base in marking for sub in base.modules()}
+    for index, entry in enumerate(report.entries):
+        if entry.kind != kind or not entry.swapped:
+            continue
+        module = model.get_submodule(entry.path)
+        if id(module) in reached:
+            continue
+        cls = type(module)
+        options = tuple(item for item in cls._fused_ops_options if item[0] != option)
+        if cls._fused_ops_kind == kind:
+            module.__class__ = cls.__bases__[0]
+        else:
+            swap(module, fused_class(cls.__bases__[0], cls._fused_ops_kind, options))
+        report.entries[index] = Entry(entry.path, entry.module_class, kind, False, reason)

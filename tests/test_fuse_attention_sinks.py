@@ -1,0 +1,131 @@
+"""fuse() on gpt-oss's eager attention with sinks: the plain causal case (full and sliding layers, the sequence
+within and past the window) runs attention_with_sinks once per layer with the stock loss and gradients; a padding
+mask, recorded attention weights, attention dropout, a decoding cache and a compiled model keep what stock
+computes; an attention no base model hands the markers goes back to its class."""
+import copy
+
+import pytest
+import torch
+
+import hf_families
+from fused_ops import fuse
+
+
+def gpt_oss(window=16):
+    model = hf_families.build("gpt_oss")
+    model.config.sliding_window = window
+    for layer in model.model.layers:
+        if layer.self_attn.sliding_window is not None:
+            layer.self_attn.sliding_window = window
+    return model
+
+
+def fused_and_stock(window=16):
+    stock = gpt_oss(window)
+    return fuse(copy.deepcopy(stock)), stock
+
+
+def test_the_report():
+    fused, _ = fused_and_stock()
+    entries = {entry.path: entry for entry in fused.fused_ops_report.entries
+               if entry.kind in ("attention_sinks", "causal_mask")}
+    attentions = [entry for entry in entries.values() if entry.kind == "attention_sinks"]
+    assert len(attentions) == len(fused.model.layers) and all(entry.swapped for entry in attentions)
+    assert entries["model"].swapped and "eager_markers=True" in entries["model"].detail
+
+
+@pytest.mark.parametrize("window", [16, 4])  # the 10-token batch within the window, and past it
+def test_training_step_matches_stock(window):
+    fused, stock = fused_and_stock(window)
+    ids = hf_families.batch(stock)
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    assert calls.get("attention_with_sinks") == len(fused.model.layers), calls
+    got, want = fused(input_ids=ids, labels=ids), stock(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    got.loss.backward()
+    want.loss.backward()
+    hf_families.assert_gradients_match_stock(fused, stock)
+
+
+def test_padding_mask_keeps_the_stock_attention():
+    fused, stock = fused_and_stock(4)
+    ids = hf_families.batch(stock)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, attention_mask=mask))
+    assert "attention_with_sinks" not in calls, calls
+    with torch.no_grad():
+        got, want = fused(input_ids=ids, attention_mask=mask), stock(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(got.logits[:, 3:], want.logits[:, 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_recorded_attention_weights_are_the_stock_ones():
+    fused, stock = fused_and_stock(4)
+    ids = hf_families.batch(stock)
+    with torch.no_grad():
+        got, want = fused(input_ids=ids, output_attentions=True), stock(input_ids=ids, output_attentions=True)
+    assert len(got.attentions) == len(want.attentions) == len(fused.model.layers)
+    for a, b in zip(got.attentions, want.attentions):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_attention_dropout_runs_the_materialised_mask():
+    """In training with attention dropout the attention is the stock one, given the mask the marker stands for:
+    the same random dropout draws give the same loss."""
+    fused, stock = fused_and_stock(4)
+    for model in (fused, stock):
+        model.config.attention_dropout = 0.5
+        for layer in model.model.layers:
+            layer.self_attn.attention_dropout = 0.5
+    ids = hf_families.batch(stock)
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids))
+    assert "attention_with_sinks" not in calls, calls
+    torch.manual_seed(3)
+    got = fused(input_ids=ids, labels=ids).loss
+    torch.manual_seed(3)
+    want = stock(input_ids=ids, labels=ids).loss
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_generation_with_a_cache_matches_stock():
+    fused, stock = fused_and_stock(4)
+    fused.eval(), stock.eval()
+    ids = hf_families.batch(stock)[:1, :6]
+    settings = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+    torch.testing.assert_close(fused.generate(ids, **settings), stock.generate(ids, **settings))
+
+
+def test_compiled_fullgraph_step_matches_stock():
+    fused, stock = fused_and_stock(4)
+    ids = hf_families.batch(stock)
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, fullgraph=True)
+    got, want = compiled(input_ids=ids, labels=ids), stock(input_ids=ids, labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    got.loss.backward()
+    want.loss.backward()
+    hf_families.assert_gradients_match_stock(fused, stock)
+
+
+def test_causal_mask_off_leaves_the_attention_alone():
+    fused = fuse(gpt_oss(), causal_mask=False)
+    assert not any(entry.kind == "attention_sinks" for entry in fused.fused_ops_report.entries)
+    assert not any("sink_attention" in dict(getattr(type(layer.self_attn), "_fused_ops_options", ()))
+                   for layer in fused.model.layers)
+
+
+def test_an_attention_no_base_model_hands_markers_goes_back(monkeypatch):
+    from fused_ops.patching.rules import LeftAlone
+    from fused_ops.patching.rules.causal_mask import CausalMaskRule
+
+    def left_alone(self, module, context):
+        raise LeftAlone("left alone for this test")
+    monkeypatch.setattr(CausalMaskRule, "variants", left_alone)
+    fused = fuse(gpt_oss())
+    entries = [entry for entry in fused.fused_ops_report.entries if entry.kind == "attention_sinks"]
+    assert entries and all(not entry.swapped and "no swapped base model hands it" in entry.detail
+                           for entry in entries)
+    assert not any("sink_attention" in dict(getattr(type(layer.self_attn), "_fused_ops_options", ()))
+                   for layer in fused.model.layers)
+    ids = hf_families.batch(fused)
+    assert "attention_with_sinks" not in hf_families.fused_op_calls(lambda: fused(input_ids=ids))
