@@ -323,6 +323,34 @@ def moe_experts_on_dtensors(device):
         torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
 
 
+def attention_with_sinks_on_dtensors(device):
+    """attention_with_sinks on query, key and value sharded alike on the batch (sinks replicated) and on the heads
+    (sinks sharded with them): outputs sharded so, with no communication, and values and gradients against the
+    full tensors; the sinks' gradient over batch shards Partial."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    import fused_ops
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
+    ranks = dist.get_world_size()
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(2 * ranks, 7, 4 * ranks, 8), (2 * ranks, 7, 2 * ranks, 8), (2 * ranks, 7, 2 * ranks, 8), (4 * ranks,)]
+    full = [torch.randn(shape, generator=generator, dtype=torch.float64).to(device) for shape in shapes]
+    leaves = [t.clone().requires_grad_(True) for t in full]
+    expected = fused_ops.attention_with_sinks(*leaves, 0.3, 3)
+    grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
+    expected_grads = torch.autograd.grad(expected, leaves, grad)
+    for rows, sinks in ((Shard(0), Replicate()), (Shard(2), Shard(0))):
+        inputs = [distribute_tensor(t, mesh, [rows if t.dim() == 4 else sinks]).requires_grad_(True) for t in full]
+        out = fused_ops.attention_with_sinks(*inputs, 0.3, 3)
+        assert list(out.placements) == [rows], out.placements
+        torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(out, inputs, distribute_tensor(grad, mesh, [rows]))
+        assert isinstance(got[3].placements[0], (Partial, Replicate) if rows == Shard(0) else Shard), got[3].placements
+        for value, want in zip(got, expected_grads):
+            torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+
+
 def silu_mul_linear_on_dtensors(device):
     """silu_mul_linear on rows sharded on each leading dim (weight replicated) and on a replicated x
     with the weight sharded on its output rows: the placements its rules give, with no communication,

@@ -85,6 +85,7 @@ CHECKS = {
         ("linear_cross_entropy_on_dtensors", ()),
         ("linear_log_probs_on_dtensors", ()),
         ("moe_experts_on_dtensors", ()),
+        ("attention_with_sinks_on_dtensors", ()),
         ("silu_mul_linear_on_dtensors", ()),
         ("norm_weight_forms_on_dtensors", ()),
         ("relu_add_backward_on_dtensors", ())]
@@ -144,6 +145,11 @@ def test_linear_log_probs_on_dtensors(run_check, device):
 @pytest.mark.parametrize("device", devices(2))
 def test_moe_experts_on_dtensors(run_check, device):
     run_check(2, device, "moe_experts_on_dtensors")
+
+
+@pytest.mark.parametrize("device", devices(2))
+def test_attention_with_sinks_on_dtensors(run_check, device):
+    run_check(2, device, "attention_with_sinks_on_dtensors")
 
 
 @pytest.mark.parametrize("device", devices(2))

@@ -5,6 +5,7 @@ import re
 import torch
 
 from test_activations import bad_activation_inputs
+from test_attention import bad_attention_inputs
 from test_gated_mul import bad_gated_mul_inputs
 from test_errors import bad_relu_add_inputs, bad_relu_add_mask_inputs
 from test_linear_cross_entropy import bad_linear_cross_entropy_inputs
@@ -35,6 +36,7 @@ def messages_raised_by_tests(device):
     messages |= {message for _, message in bad_silu_mul_linear_inputs(device)}
     messages |= {message for _, message in bad_gated_mul_inputs(device)}
     messages |= {message for _, message in bad_moe_inputs(device)}
+    messages |= {message for _, message in bad_attention_inputs(device)}
     messages.add("fused::relu_add_backward: expected x to have the shape of grad")  # test_errors
     return messages
 
