@@ -28,6 +28,7 @@ EXPECTED_FUSIONS = {
     # Its experts' gate is a clamped SwiGLU, interleaved, computed inside the experts ops; its eager attention
     # with sinks takes the causal markers.
     "gpt_oss": MOE | {"attention_sinks"},
+    "granite_swa": LLAMA_KIN | {"attention_sinks"}, "granitemoe_swa": MOE - {"residual_norm"} | {"attention_sinks"},
     # Its experts clamp gate and up at swiglu_limit; its rotary is partial and interleaved, on one tensor at a
     # time; its layers mix their residual streams (hyper-connections).
     "deepseek_v4": frozenset({"norm", "lm_head_loss"}),

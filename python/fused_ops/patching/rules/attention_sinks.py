@@ -38,6 +38,7 @@ def sink_attention(attention, default, reference, module, query, key, value, att
     dropout, scaling = kwargs.get("dropout", 0.0), kwargs.get("scaling")
     sinks = getattr(module, "sinks", None)
     if (reference or args or default is None or attention is not default or query.shape[2] != key.shape[2]
+            or value.shape != key.shape or key.shape[-1] != query.shape[-1]
             or not isinstance(dropout, (int, float)) or dropout != 0 or not isinstance(scaling, float)
             or not torch.is_tensor(sinks) or sinks.shape != (query.shape[1],)):
         return attention(module, query, key, value, eager_mask(attention_mask, query, key), *args, **kwargs)
@@ -114,6 +115,9 @@ class AttentionSinksRule(Rule):
                     probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), select=_attention_output)
                 except probe.Mismatch as mismatch:
                     raise probe.Mismatch(f"with {marker}: {mismatch}") from None
+                except Exception as error:  # a forward that reads the mask itself (HY v4's sparse index)
+                    raise probe.Mismatch(f"its forward does not pass a marker to its attention function "
+                                         f"({type(error).__name__}: {error})") from None
 
     def settle(self, model, report):
         """An attention that no swapped base model hands the markers would never take one: it goes back to the
