@@ -12,9 +12,8 @@ import inspect
 import torch
 
 from .. import probe
-from ..swap import forward_builder, innermost, with_global
+from ..swap import forward_builder, fused_kind, innermost, with_global
 from . import LeftAlone, Rule, exporting
-from ..swap import fused_kind
 from .sliding_window import FullCausal, SlidingWindowCausal, markers
 
 # create_causal_mask's arguments that do not change the mask from the plain causal one when None (or,
@@ -158,6 +157,7 @@ def _eager_attention_takes_markers(base):
     """Whether `base` runs eager attention and every attention in it takes the markers (attention_sinks)."""
     if getattr(getattr(base, "config", None), "_attn_implementation", None) != "eager":
         return False
+
     def stock_code(module):
         cls = type(module).__bases__[0] if fused_kind(module) else type(module)
         return getattr(innermost(cls.forward), "__code__", None)
