@@ -135,6 +135,26 @@ def peak_memory_mb(step):
     return (peak - before - sum(storages.values())) / 2**20
 
 
+def saved_activation_mb(step, excluded):
+    """MB of the distinct storages autograd saves during `step()`, other than those of `excluded` tensors."""
+    skip = {t.untyped_storage().data_ptr() for t in excluded}
+    seen = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in skip:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = step()
+    del result
+    return sum(seen.values()) / 2**20
+
+
+def relative_error(got, want):
+    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
+
+
 def copy_bandwidth_gbs(device, numel=None, repeats=None):
     numel = numel or ((1 << 29) if device == "cuda" else (1 << 25))  # 1 GiB of float16 on the GPU
     source = torch.randn(numel, device=device).half()

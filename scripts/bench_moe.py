@@ -25,7 +25,8 @@ import torch
 import fused_ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, source_commit  # noqa: E402
+from bench import (append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
+                   saved_activation_mb, source_commit)
 
 VARIANTS = ["fused", "eager", "compile", "liger"]  # eager / compile: transformers' grouped_mm implementation
 
@@ -45,26 +46,6 @@ class Experts(torch.nn.Module):
     def _apply_gate(self, gate_up):
         gate, up = gate_up.chunk(2, dim=-1)
         return self.act_fn(gate) * up
-
-
-def saved_activation_mb(step, excluded):
-    """MB of the distinct storages autograd saves during `step()`, other than those of `excluded` tensors."""
-    skip = {t.untyped_storage().data_ptr() for t in excluded}
-    seen = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in skip:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return tensor
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        result = step()
-    del result
-    return sum(seen.values()) / 2**20
-
-
-def relative_error(got, want):
-    return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
 
 
 def main():
