@@ -402,6 +402,7 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   m.impl("moe_unpermute", &moe_unpermute_autograd);
   m.impl("moe_unpermute_backward", &NotDifferentiable<moe_unpermute_backward_op>::call);
   using namespace fused_ops::attention_autograd;
-  m.impl("attention_with_sinks", &attention_with_sinks_autograd);
+  m.impl("attention_with_sinks",
+         &TransformAware<&attention_with_sinks_autograd, &attention_with_sinks_composite>::call);
   m.impl("attention_with_sinks_backward", &NotDifferentiable<attention_with_sinks_backward_op>::call);
 }

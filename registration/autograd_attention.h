@@ -44,12 +44,16 @@ class AttentionWithSinksFunction : public torch::autograd::Function<AttentionWit
 inline TwoTensors attention_with_sinks_autograd(const at::Tensor& query, const at::Tensor& key,
                                                 const at::Tensor& value, const at::Tensor& sinks, double scale,
                                                 int64_t window) {
-  if (under_a_transform(query, key, value, sinks)) {
-    const auto options = check_attention_with_sinks("attention_with_sinks", query, key, value, sinks, scale, window);
-    return attention_with_sinks_reference(query, key, value, sinks, options);
-  }
   auto outputs = AttentionWithSinksFunction::apply(query, key, value, sinks, scale, window);
   return {outputs[0], outputs[1]};
+}
+
+// The reference is a composition of ATen's differentiable ops.
+inline TwoTensors attention_with_sinks_composite(const at::Tensor& query, const at::Tensor& key,
+                                                 const at::Tensor& value, const at::Tensor& sinks, double scale,
+                                                 int64_t window) {
+  const auto options = check_attention_with_sinks("attention_with_sinks", query, key, value, sinks, scale, window);
+  return attention_with_sinks_reference(query, key, value, sinks, options);
 }
 
 }  // namespace attention_autograd
