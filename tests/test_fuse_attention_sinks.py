@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+import fused_ops
 import hf_families
 from fused_ops import fuse
 
@@ -129,3 +130,20 @@ def test_an_attention_no_base_model_hands_markers_goes_back(monkeypatch):
                    for layer in fused.model.layers)
     ids = hf_families.batch(fused)
     assert "attention_with_sinks" not in hf_families.fused_op_calls(lambda: fused(input_ids=ids))
+
+
+def test_a_backward_wrong_only_in_the_models_own_dtype_is_not_proven(monkeypatch):
+    """The proof compares gradients in the model's own dtype and device too (on a GPU, the flash kernels that the
+    float64 probe on the CPU never runs): a backward that goes wrong in float32 alone leaves the attention alone."""
+    from fused_ops.patching.rules import attention_sinks
+
+    class WrongInFloat32:
+        @staticmethod
+        def attention_with_sinks(query, *args):
+            out = fused_ops.attention_with_sinks(query, *args)
+            return out + (out - out.detach()) * 0.5 if query.dtype == torch.float32 else out
+    monkeypatch.setattr(attention_sinks, "_ops", WrongInFloat32)
+    fused = fuse(gpt_oss())
+    entries = [entry for entry in fused.fused_ops_report.entries if entry.kind == "attention_sinks"]
+    assert entries and all(not entry.swapped and "torch.float32 gradient" in entry.detail for entry in entries), \
+        [entry.detail for entry in entries]

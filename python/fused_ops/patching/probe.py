@@ -444,12 +444,14 @@ def _prove_at_scales(subject, fused_cls, inputs, select, modes, large_inputs, fu
 
 def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
            select: Optional[Callable] = None, modes=(False, True), large_inputs: bool = False,
-           fused_op_must_run: bool = True) -> None:
+           fused_op_must_run: bool = True, own_gradients: bool = False) -> None:
     """Raises Mismatch unless `fused_cls`'s forward computes what `module`'s own forward does (see the
     module docstring); `select` picks from an output what must match; `large_inputs` proves it again with
     the inputs _LARGE_INPUT_SCALE times larger. With `fused_op_must_run`, a proof counts only where the
     fused forward ran a fused op (in the last of `modes`): a forward whose fused op is off the path the probe
-    takes computes the stock function there and proves nothing."""
+    takes computes the stock function there and proves nothing. `own_gradients` compares the gradients in the
+    module's own dtype and device too (in train mode): a GPU kernel of its own that the float64 probe on the
+    CPU never runs (attention_with_sinks' flash kernels)."""
     select = select or (lambda output: output)
     stock_cls = type(module)
     if random_parameters:
@@ -468,9 +470,18 @@ def verify(module, fused_cls, inputs: Inputs, *, random_parameters: bool = True,
     own_device = parameter.device if parameter is not None else torch.device("cpu")
     if own_device.type == "meta":
         raise Mismatch("its parameters are on the meta device")
+    tolerance = 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2
     want, _ = _run(module, stock_cls, {}, inputs, own_dtype, own_device, False, select, False)
     got, _ = _run(module, fused_cls, {}, inputs, own_dtype, own_device, False, select, False)
-    _compare(want, got, f"{own_dtype} output", 1e-4 if own_dtype in (torch.float32, torch.float64) else 6e-2)
+    _compare(want, got, f"{own_dtype} output", tolerance)
+    if own_gradients:
+        state = {name: p.detach().clone().requires_grad_(True) for name, p in module.named_parameters()
+                 if p.is_floating_point()}
+        want, want_grads = _run(module, stock_cls, state, inputs, own_dtype, own_device, True, select, True)
+        got, got_grads = _run(module, fused_cls, state, inputs, own_dtype, own_device, True, select, True)
+        _compare(want, got, f"{own_dtype} output on {own_device.type} in train mode", tolerance)
+        for index, (want_grad, got_grad) in enumerate(zip(want_grads, got_grads)):
+            _compare(want_grad, got_grad, f"{own_dtype} gradient {index} on {own_device.type}", tolerance)
 
 
 def verify_in_mixed_precision(module, fused_cls, inputs: Inputs, *, under_autocast: bool) -> None:

@@ -91,7 +91,7 @@ class AttentionSinksRule(Rule):
     def verify(self, module, fused_cls, context):
         """The marker-aware forward against the same forward given each marker's materialised mask, with random
         parameters in float64, in eval and train mode, the attention's output and the gradients, for each of
-        _PROOF_MARKERS. (Its attention weights are None, as SDPA's: the markers come only where no one records
+        _PROOF_MARKERS; and in the module's own dtype and device, gradients too (the flash kernels on a GPU). (Its attention weights are None, as SDPA's: the markers come only where no one records
         them, rules/causal_mask.py.)"""
         inputs = context.captured_inputs(module)
         try:
@@ -112,7 +112,8 @@ class AttentionSinksRule(Rule):
                 return args, kwargs
             with probe.as_class(module, reference_cls):
                 try:
-                    probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), select=_attention_output)
+                    probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), select=_attention_output,
+                                 own_gradients=True)
                 except probe.Mismatch as mismatch:
                     raise probe.Mismatch(f"with {marker}: {mismatch}") from None
                 except Exception as error:  # a forward that reads the mask itself (HY v4's sparse index)
