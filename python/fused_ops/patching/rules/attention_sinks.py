@@ -38,7 +38,7 @@ def sink_attention(attention, default, reference, module, query, key, value, att
     dropout, scaling = kwargs.get("dropout", 0.0), kwargs.get("scaling")
     sinks = getattr(module, "sinks", None)
     if (reference or args or default is None or attention is not default or query.shape[2] != key.shape[2]
-            or value.shape != key.shape or key.shape[-1] != query.shape[-1]
+            or value.shape != key.shape or key.shape[-1] != query.shape[-1] or query.shape[1] % key.shape[1]
             or not isinstance(dropout, (int, float)) or dropout != 0 or not isinstance(scaling, float)
             or not torch.is_tensor(sinks) or sinks.shape != (query.shape[1],)):
         return attention(module, query, key, value, eager_mask(attention_mask, query, key), *args, **kwargs)
