@@ -121,6 +121,24 @@ class MatmulLinearLogProbs(torch.nn.Module):
         return torch.ops.fused.linear_log_probs(hidden, self.head, self.target, self.head_bias, 0.8, -100, True)
 
 
+class MatmulAttentionWithSinks(torch.nn.Module):
+    """q, k and v projections (two query heads, one key/value head of 8) and attention with a sink per head over
+    the 8 tokens, a window of 3."""
+
+    def __init__(self):
+        super().__init__()
+        generator = torch.Generator().manual_seed(9)
+        self.q = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.kv = torch.nn.Parameter(torch.randn(16, 16, generator=generator) / 4)
+        self.sinks = torch.nn.Parameter(torch.randn(2, generator=generator))
+
+    def forward(self, x, y):
+        q = (x @ self.q).view(1, 8, 2, 8)  # [B, S, H, D]
+        k, v = (x @ self.kv).view(1, 8, 2, 8).split(1, dim=2)
+        out, _ = torch.ops.fused.attention_with_sinks(q, k.contiguous(), v.contiguous(), self.sinks, 0.35, 3)
+        return out.reshape(8, 16) * y
+
+
 class EveryFamily(torch.nn.Module):
     """Every model below in one, their outputs in one tuple: one compiled package covers every op."""
 
@@ -137,4 +155,5 @@ class EveryFamily(torch.nn.Module):
 
 
 MODELS = {"relu_add": MatmulReluAdd, "activations": MatmulActivations, "norms": MatmulNorms,
-          "rotary": MatmulRotary, "cross_entropy": MatmulLinearCrossEntropy, "log_probs": MatmulLinearLogProbs}
+          "rotary": MatmulRotary, "cross_entropy": MatmulLinearCrossEntropy, "log_probs": MatmulLinearLogProbs,
+          "attention": MatmulAttentionWithSinks}
