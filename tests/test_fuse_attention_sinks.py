@@ -48,6 +48,22 @@ def test_training_step_matches_stock(window):
     hf_families.assert_gradients_match_stock(fused, stock)
 
 
+def test_a_mask_of_ones_runs_the_fused_attention():
+    """A data collator's mask of ones (no padding) is the plain causal case: the fused attention runs, with the
+    stock loss and gradients."""
+    fused, stock = fused_and_stock(4)
+    ids = hf_families.batch(stock)
+    mask = torch.ones_like(ids)
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, attention_mask=mask, labels=ids))
+    assert calls.get("attention_with_sinks") == len(fused.model.layers), calls
+    got, want = fused(input_ids=ids, attention_mask=mask, labels=ids), stock(input_ids=ids, attention_mask=mask,
+                                                                             labels=ids)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    got.loss.backward()
+    want.loss.backward()
+    hf_families.assert_gradients_match_stock(fused, stock)
+
+
 def test_padding_mask_keeps_the_stock_attention():
     fused, stock = fused_and_stock(4)
     ids = hf_families.batch(stock)

@@ -83,7 +83,7 @@ def _train_evaluate_predict(model, data, output_dir):
     return calls, training_loss, metrics, torch.as_tensor(logits)
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text", "qwen3_moe"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text", "qwen3_moe", "gpt_oss"])
 def test_trainer_with_default_arguments_trains_evaluates_and_predicts_as_stock(model_type, tmp_path):
     """Trainer keeps the columns the stock forward takes (and drops the others), finds the labels, and gives
     the stock training loss, parameters, eval_loss and logits; the fused head + loss ran in training."""
@@ -92,6 +92,7 @@ def test_trainer_with_default_arguments_trains_evaluates_and_predicts_as_stock(m
     _, want_loss, want_metrics, want_logits = _train_evaluate_predict(stock, data, tmp_path / "stock")
     calls, got_loss, got_metrics, got_logits = _train_evaluate_predict(fused, data, tmp_path / "fused")
     assert any(calls.get(op) for op in LOSS_OPS), calls
+    assert model_type != "gpt_oss" or calls.get("attention_with_sinks"), calls
     assert got_loss == pytest.approx(want_loss, rel=1e-4)
     assert "eval_loss" in got_metrics and got_metrics["eval_loss"] == pytest.approx(want_metrics["eval_loss"], rel=1e-4)
     torch.testing.assert_close(got_logits, want_logits, rtol=1e-4, atol=1e-4)

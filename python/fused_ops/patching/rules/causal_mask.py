@@ -49,10 +49,24 @@ class PlainCausalMask:
         config, cache = arguments.get("config"), arguments.get("past_key_values")
         fresh = cache is None or (type(cache).__name__ == "DynamicCache" and cache.get_seq_length() == 0)
         implementation = getattr(config, "_attn_implementation", None)
-        return (arguments.get("attention_mask") is None and fresh and arguments.get("allow_is_causal_skip", True)
+        return (self.no_padding(arguments) and fresh and arguments.get("allow_is_causal_skip", True)
                 and all(value is None for name, value in arguments.items() if name not in _PLAIN_MASK_ARGUMENTS)
                 and (implementation == "sdpa" or (self.eager_markers and implementation == "eager"))
                 and getattr(config, "is_causal", True) and not exporting() and not torch.jit.is_tracing())
+
+
+    def no_padding(self, arguments):
+        """No padding mask; with `eager_markers`, outside torch.compile, also a [batch, length] mask of ones (a
+        data collator's for unpadded rows), whose causal mask transformers builds as for none: one check on
+        the device, as transformers' own SDPA path makes."""
+        mask, embeddings = arguments.get("attention_mask"), arguments.get("inputs_embeds",
+                                                                          arguments.get("input_embeds"))
+        if mask is None:
+            return True
+        return (self.eager_markers and torch.is_tensor(mask) and mask.dim() == 2 and torch.is_tensor(embeddings)
+                and embeddings.dim() == 3 and tuple(mask.shape) == tuple(embeddings.shape[:2])
+                and not mask.is_floating_point() and not torch.compiler.is_compiling() and not exporting()
+                and not torch.jit.is_tracing() and bool(mask.all()))
 
 
 class PlainSlidingWindowMask(PlainCausalMask):
@@ -84,8 +98,10 @@ def _causal_mask_forward(base, options):
                             PlainSlidingWindowMask(functions["create_sliding_window_causal_mask"], eager_markers))
 
     def forward(self, *args, **kwargs):
-        # Positions given may describe packed sequences, whose mask is not the plain causal one.
-        if args[1:] or kwargs.get("position_ids") is not None or kwargs.get("attention_mask") is not None:
+        # Positions given may describe packed sequences, whose mask is not the plain causal one; a padding mask
+        # given keeps transformers' mask (under eager markers PlainCausalMask reads one of ones as none).
+        if args[1:] or kwargs.get("position_ids") is not None or (
+                kwargs.get("attention_mask") is not None and not eager_markers):
             return stock(self, *args, **kwargs)
         if eager_markers and kwargs.get("output_attentions", getattr(self.config, "output_attentions", False)):
             return stock(self, *args, **kwargs)
