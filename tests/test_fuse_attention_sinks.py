@@ -26,6 +26,15 @@ def fused_and_stock(window=16):
     return fuse(copy.deepcopy(stock)), stock
 
 
+def assert_step_matches_stock(fused_call, fused, stock, **batch):
+    """`fused_call(**batch)` (the fused model, or a compiled one) against the stock model: loss and gradients."""
+    got, want = fused_call(**batch), stock(**batch)
+    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
+    got.loss.backward()
+    want.loss.backward()
+    hf_families.assert_gradients_match_stock(fused, stock)
+
+
 def test_the_report():
     fused, _ = fused_and_stock()
     entries = {entry.path: entry for entry in fused.fused_ops_report.entries
@@ -41,11 +50,7 @@ def test_training_step_matches_stock(window):
     ids = hf_families.batch(stock)
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
     assert calls.get("attention_with_sinks") == len(fused.model.layers), calls
-    got, want = fused(input_ids=ids, labels=ids), stock(input_ids=ids, labels=ids)
-    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-    got.loss.backward()
-    want.loss.backward()
-    hf_families.assert_gradients_match_stock(fused, stock)
+    assert_step_matches_stock(fused, fused, stock, input_ids=ids, labels=ids)
 
 
 def test_a_mask_of_ones_runs_the_fused_attention():
@@ -56,12 +61,7 @@ def test_a_mask_of_ones_runs_the_fused_attention():
     mask = torch.ones_like(ids)
     calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, attention_mask=mask, labels=ids))
     assert calls.get("attention_with_sinks") == len(fused.model.layers), calls
-    got, want = fused(input_ids=ids, attention_mask=mask, labels=ids), stock(input_ids=ids, attention_mask=mask,
-                                                                             labels=ids)
-    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-    got.loss.backward()
-    want.loss.backward()
-    hf_families.assert_gradients_match_stock(fused, stock)
+    assert_step_matches_stock(fused, fused, stock, input_ids=ids, attention_mask=mask, labels=ids)
 
 
 def test_padding_mask_keeps_the_stock_attention():
@@ -116,12 +116,7 @@ def test_compiled_fullgraph_step_matches_stock():
     fused, stock = fused_and_stock(4)
     ids = hf_families.batch(stock)
     torch._dynamo.reset()
-    compiled = torch.compile(fused, fullgraph=True)
-    got, want = compiled(input_ids=ids, labels=ids), stock(input_ids=ids, labels=ids)
-    torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=1e-6)
-    got.loss.backward()
-    want.loss.backward()
-    hf_families.assert_gradients_match_stock(fused, stock)
+    assert_step_matches_stock(torch.compile(fused, fullgraph=True), fused, stock, input_ids=ids, labels=ids)
 
 
 def test_causal_mask_off_leaves_the_attention_alone():

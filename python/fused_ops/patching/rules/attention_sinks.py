@@ -6,16 +6,13 @@ FullCausal, or SlidingWindowCausal for a sliding layer), and their attention run
 window: on the GPU torch's flash kernels, the sink folded into a rescale of their output. Anything else (a mask
 that is a tensor, attention dropout, another attention implementation, the proof's reference) runs the module's
 own attention, the marker materialised as the mask transformers builds for it."""
-import inspect
-
 import torch
 
 from ... import _ops
-from .. import probe
-from ..swap import forward_builder, forward_option, innermost
+from ..swap import forward_builder, forward_option, innermost, with_global
 from . import LeftAlone, Rule
 from .sliding_window import (MARKERS, FullCausal, SlidingWindowCausal, count_taken, marker_aware,
-                             settle_marker_consumers, sliding_window_mask)
+                             settle_marker_consumers, sliding_window_mask, verify_with_markers)
 
 
 def eager_mask(marker, query, key):
@@ -86,39 +83,18 @@ class AttentionSinksRule(Rule):
         implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
         if implementation != "eager":
             raise LeftAlone(f"its attention runs as {implementation!r}; attention_with_sinks replaces the eager one")
+        if with_global(type(module).forward, "ALL_ATTENTION_FUNCTIONS", None) is None:
+            raise LeftAlone("its forward's decorators do not hold the function they wrap")
         return [(("sink_attention", True),)]
 
     def verify(self, module, fused_cls, context):
         """The marker-aware forward against the same forward given each marker's materialised mask, with random
         parameters in float64, in eval and train mode, the attention's output and the gradients, for each of
-        _PROOF_MARKERS; and in the module's own dtype and device, gradients too (the flash kernels on a GPU). (Its attention weights are None, as SDPA's: the markers come only where no one records
-        them, rules/causal_mask.py.)"""
-        inputs = context.captured_inputs(module)
-        try:
-            names = list(inspect.signature(type(module).forward).parameters)[1:]
-        except (TypeError, ValueError):
-            raise LeftAlone("its forward's signature cannot be read") from None
-        if "attention_mask" not in names:
-            raise LeftAlone("its forward takes no attention_mask")
-        position = names.index("attention_mask")
-        reference_cls = self.fused_class(module, (("sink_attention", "reference"),))
-        for marker in _PROOF_MARKERS:
-            def make(dtype, device, marker=marker):
-                args, kwargs = inputs.make(dtype, device)
-                if position < len(args):
-                    args = args[:position] + (marker,) + args[position + 1:]
-                else:
-                    kwargs = dict(kwargs, attention_mask=marker)
-                return args, kwargs
-            with probe.as_class(module, reference_cls):
-                try:
-                    probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), select=_attention_output,
-                                 own_gradients=True)
-                except probe.Mismatch as mismatch:
-                    raise probe.Mismatch(f"with {marker}: {mismatch}") from None
-                except Exception as error:  # a forward that reads the mask itself (HY v4's sparse index)
-                    raise probe.Mismatch(f"its forward does not pass a marker to its attention function "
-                                         f"({type(error).__name__}: {error})") from None
+        _PROOF_MARKERS; in the module's own dtype and device the gradients too (the flash kernels on a GPU). Its
+        attention weights are None, as SDPA's: the markers come only where no one records them
+        (rules/causal_mask.py)."""
+        verify_with_markers(self, module, fused_cls, context, "sink_attention", _PROOF_MARKERS,
+                            select=_attention_output, own_gradients=True)
 
     def settle(self, model, report):
         """An attention that no swapped base model hands the markers would never take one: it goes back to the

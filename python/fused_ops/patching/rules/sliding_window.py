@@ -255,28 +255,8 @@ class SlidingWindowAttentionRule(Rule):
     def verify(self, module, fused_cls, context):
         """The banded forward against the same forward given the materialised mask, with random parameters in
         float64, in eval and train mode, outputs and gradients, for each of _PROOF_WINDOWS."""
-        inputs = context.captured_inputs(module)
-        try:
-            names = list(inspect.signature(type(module).forward).parameters)[1:]
-        except (TypeError, ValueError):
-            raise LeftAlone("its forward's signature cannot be read") from None
-        if "attention_mask" not in names:
-            raise LeftAlone("its forward takes no attention_mask")
-        position = names.index("attention_mask")
-        reference_cls = self.fused_class(module, (("band_aware", "reference"),))
-        for window in _PROOF_WINDOWS:
-            def make(dtype, device, window=window):
-                args, kwargs = inputs.make(dtype, device)
-                if position < len(args):
-                    args = args[:position] + (SlidingWindowCausal(window),) + args[position + 1:]
-                else:
-                    kwargs = dict(kwargs, attention_mask=SlidingWindowCausal(window))
-                return args, kwargs
-            with probe.as_class(module, reference_cls):
-                try:
-                    probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), fused_op_must_run=False)
-                except probe.Mismatch as mismatch:
-                    raise probe.Mismatch(f"with a window of {window}: {mismatch}") from None
+        verify_with_markers(self, module, fused_cls, context, "band_aware",
+                            [SlidingWindowCausal(window) for window in _PROOF_WINDOWS], fused_op_must_run=False)
 
     def settle(self, model, report):
         """A band-aware attention that no swapped base model hands the marker (its causal mask left as is,
@@ -305,3 +285,35 @@ def settle_marker_consumers(model, report, kind, option, mask_option, reason):
         else:
             swap(module, fused_class(cls.__bases__[0], cls._fused_ops_kind, options))
         report.entries[index] = Entry(entry.path, entry.module_class, kind, False, reason)
+
+
+def verify_with_markers(rule, module, fused_cls, context, option, markers, **verify_options):
+    """probe.verify (with `verify_options`) of `fused_cls`'s forward given each of `markers` as its attention
+    mask, on the captured call's other arguments, against the forward with `option` "reference", which
+    materialises the marker as transformers' mask. A forward that reads the mask itself, not only handing it
+    to its attention function, fails on the marker: not proven, with the reason."""
+    inputs = context.captured_inputs(module)
+    try:
+        names = list(inspect.signature(type(module).forward).parameters)[1:]
+    except (TypeError, ValueError):
+        raise LeftAlone("its forward's signature cannot be read") from None
+    if "attention_mask" not in names:
+        raise LeftAlone("its forward takes no attention_mask")
+    position = names.index("attention_mask")
+    reference_cls = rule.fused_class(module, ((option, "reference"),))
+    for marker in markers:
+        def make(dtype, device, marker=marker):
+            args, kwargs = inputs.make(dtype, device)
+            if position < len(args):
+                args = args[:position] + (marker,) + args[position + 1:]
+            else:
+                kwargs = dict(kwargs, attention_mask=marker)
+            return args, kwargs
+        with probe.as_class(module, reference_cls):
+            try:
+                probe.verify(module, fused_cls, probe.Inputs(make, inputs.grad_input), **verify_options)
+            except probe.Mismatch as mismatch:
+                raise probe.Mismatch(f"with {marker}: {mismatch}") from None
+            except Exception as error:  # a forward that reads the mask itself (HY v4's sparse index)
+                raise probe.Mismatch(f"its forward does not pass a marker to its attention function "
+                                     f"({type(error).__name__}: {error})") from None
