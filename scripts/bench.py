@@ -155,6 +155,19 @@ def relative_error(got, want):
     return ((got.float() - want.float()).norm() / want.float().norm().clamp_min(1e-30)).item()
 
 
+def write_variant_result(name, rows, variants, summary, copy_gbs, out, csv_path):
+    """An op's variant benchmark (scripts/bench_moe.py, bench_attention.py): the summary printed, everything to
+    OUT/NAME.json, and the rows to the CSV (`csv_path`, where given) in this script's format."""
+    print(json.dumps(summary), flush=True)
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat(),
+              "commit": source_commit(), "copy_gbs": copy_gbs, "rows": rows, "variants": variants, "summary": summary}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{name}.json"), "w") as file:
+        json.dump(result, file, indent=1)
+    if csv_path:
+        append_csv(result, csv_path, "fused")
+
+
 def copy_bandwidth_gbs(device, numel=None, repeats=None):
     numel = numel or ((1 << 29) if device == "cuda" else (1 << 25))  # 1 GiB of float16 on the GPU
     source = torch.randn(numel, device=device).half()

@@ -14,15 +14,14 @@ import argparse
 import json
 import os
 import sys
-from datetime import date
 
 import torch
 
 import fused_ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import (append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
-                   saved_activation_mb, source_commit)
+from bench import (copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
+                   saved_activation_mb, write_variant_result)
 
 VARIANTS = ["fused", "eager", "compile"]  # eager / compile: transformers' gpt-oss eager attention
 
@@ -112,14 +111,7 @@ def main():
     summary = {f"window{w}": {"speedup_vs_eager": results[f"eager_window{w}"]["ms"] / results[f"fused_window{w}"]["ms"],
                               "speedup_vs_compile": results[f"compile_window{w}"]["ms"] /
                               results[f"fused_window{w}"]["ms"]} for w in args.windows}
-    print(json.dumps(summary), flush=True)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat(),
-              "commit": source_commit(), "copy_gbs": copy_gbs, "rows": rows, "variants": results, "summary": summary}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_attention.json"), "w") as file:
-        json.dump(result, file, indent=1)
-    if args.csv:
-        append_csv(result, args.csv, "fused")
+    write_variant_result("bench_attention", rows, results, summary, copy_gbs, args.out, args.csv)
 
 
 if __name__ == "__main__":

@@ -18,15 +18,14 @@ import importlib.util
 import json
 import os
 import sys
-from datetime import date
 
 import torch
 
 import fused_ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench import (append_csv, copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
-                   saved_activation_mb, source_commit)
+from bench import (copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
+                   saved_activation_mb, write_variant_result)
 
 VARIANTS = ["fused", "eager", "compile", "liger"]  # eager / compile: transformers' grouped_mm implementation
 
@@ -120,14 +119,7 @@ def main():
                "speedup_vs_compiled_grouped_mm": results["compile"]["ms"] / results["fused"]["ms"],
                "saved_vs_grouped_mm": results["fused"]["saved_mb"] / max(base["saved_mb"], 1e-9),
                "peak_vs_grouped_mm": results["fused"]["peak_mb"] / max(base["peak_mb"], 1e-9)}
-    print(json.dumps(summary), flush=True)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": date.today().isoformat(),
-              "commit": source_commit(), "copy_gbs": copy_gbs, "rows": [row], "variants": results, "summary": summary}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench_moe.json"), "w") as file:
-        json.dump(result, file, indent=1)
-    if args.csv:
-        append_csv(result, args.csv, "fused")
+    write_variant_result("bench_moe", [row], results, summary, copy_gbs, args.out, args.csv)
 
 
 if __name__ == "__main__":
