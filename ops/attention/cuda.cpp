@@ -1,17 +1,28 @@
 // attention_with_sinks on the GPU through torch's flash kernels: the sink rescales the output by
 // sigmoid(lse - sink), and the backward is flash's own at grad_output * s with the output in the place of the
 // attention output (attention.h). Heads and dtypes the flash kernels do not take run the reference.
+#include <ATen/Context.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include "../common/cuda_attributes.h"
 #include "attention.h"
 
 namespace fused_ops {
 namespace {
 
+// torch's flash kernels, forward and backward: half types on Ampere and Hopper, heads a multiple of 8 up to 256
+// (192 on Ampere but the A100, where the backward's tiles do not fit the shared memory), unless SDPA's flash
+// backend is switched off (`torch.backends.cuda.enable_flash_sdp(False)`).
 bool takes_flash(const at::Tensor& query, const at::Tensor& key) {
   const int64_t head_size = query.size(-1);
   const bool half = query.scalar_type() == at::kHalf || query.scalar_type() == at::kBFloat16;
-  return half && head_size % 8 == 0 && head_size <= 256 && query.size(2) % key.size(2) == 0;
+  if (!half || head_size % 8 != 0 || query.size(2) % key.size(2) != 0 || !at::globalContext().userEnabledFlashSDP()) {
+    return false;
+  }
+  const int device = query.device().index();
+  const int major = cuda::compute_capability_major(device);
+  const int64_t largest_head = cuda::compute_capability_minor(device) == 0 ? 256 : 192;
+  return (major == 8 || major == 9) && head_size <= largest_head;
 }
 
 // flash's window: keys from `window - 1` before each query to the query itself; -1 leaves that side open.

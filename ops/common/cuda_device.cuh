@@ -1,31 +1,11 @@
 #pragma once
 // Facts about the current GPU that launch configurations depend on.
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAFunctions.h>
-
 #include <atomic>
+
+#include "cuda_attributes.h"
 
 namespace fused_ops {
 namespace cuda {
-
-inline int sm_count(int device = c10::cuda::current_device()) {
-  int sms = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
-}
-
-inline int compute_capability_major(int device = c10::cuda::current_device()) {
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major;
-}
-
-// Shared memory one block may use (static plus dynamic, after opting in) on `device`.
-inline int max_shared_bytes_per_block(int device = c10::cuda::current_device()) {
-  int bytes = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return bytes;
-}
 
 // Compiled like every kernel of the library; its PTX version is that of the code the GPU runs.
 template <int = 0>

@@ -230,9 +230,9 @@ def attention_with_sinks(query: Tensor, key: Tensor, value: Tensor, sinks: Tenso
     keys (itself included); 0: every earlier key.
 
     query [B, S, Hq, D], key and value [B, S, Hkv, D] with Hq a multiple of Hkv (GQA), sinks [Hq]; the output
-    is [B, S, Hq, D] of query's dtype. On the GPU, float16 and bfloat16 heads of a size up to 256 and a multiple
-    of 8 run torch's flash kernels (the sink rescales their output, and their backward serves the gradients);
-    elsewhere ATen's math in float32. Its autograd node keeps the inputs, the output and the log-sum-exp, no
+    is [B, S, Hq, D] of query's dtype. On Ampere and Hopper GPUs, float16 and bfloat16 heads of a size up to 256
+    (192 on Ampere but the A100) and a multiple of 8 run torch's flash kernels (the sink rescales their output,
+    and their backward serves the gradients) unless SDPA's flash backend is off; elsewhere ATen's math in float32. Its autograd node keeps the inputs, the output and the log-sum-exp, no
     [S, S] scores. Differentiable in query, key, value and sinks.
     """
     return _attention_with_sinks(query, key, value, sinks, scale, window)[0]
