@@ -158,3 +158,21 @@ def test_a_backward_wrong_only_in_the_models_own_dtype_is_not_proven(monkeypatch
     entries = [entry for entry in fused.fused_ops_report.entries if entry.kind == "attention_sinks"]
     assert entries and all(not entry.swapped and "torch.float32 gradient" in entry.detail for entry in entries), \
         [entry.detail for entry in entries]
+
+
+def test_a_bfloat16_model_gets_the_fused_attention():
+    """In bfloat16 rounding flips a router's choice of experts wherever the attention's values change, so the
+    causal markers are proven with the attention in its reference form: the masks they stand for, exactly."""
+    from transformers import GptOssConfig, GptOssForCausalLM
+    config = GptOssConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=1,
+                          head_dim=16, vocab_size=512, num_hidden_layers=4, num_local_experts=32, num_experts_per_tok=4,
+                          sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 2,
+                          attention_bias=True, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = fuse(GptOssForCausalLM(config).to(torch.bfloat16))
+    entries = {entry.kind: entry for entry in model.fused_ops_report.entries
+               if entry.kind in ("attention_sinks", "causal_mask")}
+    assert entries["attention_sinks"].swapped and "eager_markers=True" in entries["causal_mask"].detail, entries
+    ids = hf_families.batch(model)
+    assert hf_families.fused_op_calls(lambda: model(input_ids=ids)).get("attention_with_sinks") == len(
+        model.model.layers)

@@ -7,12 +7,13 @@ SlidingWindowCausal marker where it does not, for attention made band-aware (rul
 attention, where None would mean no mask at all, a proven variant whose attention takes the markers
 (rules/attention_sinks.py) hands full layers FullCausal and sliding layers SlidingWindowCausal, unless
 attention weights are to be recorded (`output_attentions`), which only the eager attention gives."""
+import contextlib
 import inspect
 
 import torch
 
 from .. import probe
-from ..swap import forward_builder, fused_kind, innermost, with_global
+from ..swap import forward_builder, fused_class, fused_kind, innermost, with_global
 from . import LeftAlone, Rule, exporting
 from .sliding_window import FullCausal, SlidingWindowCausal, markers
 
@@ -150,7 +151,16 @@ class CausalMaskRule(Rule):
     def verify(self, module, fused_cls, context):
         """The whole base model, stock against swapped, with its own parameters (its mask, not its weights,
         is what changes); the sliding-window variant once more with the config's window cut to
-        _PROOF_WINDOW, so that the probe's tokens overrun it and its attention takes the marker."""
+        _PROOF_WINDOW, so that the probe's tokens overrun it and its attention takes the marker. With eager
+        markers its sink-aware attention runs in its reference form (the marker materialised as transformers'
+        mask), so that this proves the masks the markers stand for, exactly in any dtype; attention_with_sinks is
+        proven against the eager attention by its own rule (a whole model compared in bfloat16 would differ
+        wherever rounding flips a router's choice of experts)."""
+        with _sink_attention_as_reference(module) if dict(fused_cls._fused_ops_options).get("eager_markers") \
+                else contextlib.nullcontext():
+            self._verify(module, fused_cls, context)
+
+    def _verify(self, module, fused_cls, context):
         inputs = self.inputs(module, context)
         probe.verify(module, fused_cls, inputs, random_parameters=False)
         if not dict(fused_cls._fused_ops_options).get("sliding_window"):
@@ -167,6 +177,20 @@ class CausalMaskRule(Rule):
             config.sliding_window = window
         if markers["made"] == before["made"] or markers["taken"] == before["taken"]:
             raise probe.Mismatch("its probe forward made no sliding-window marker for an attention that takes it")
+
+
+@contextlib.contextmanager
+def _sink_attention_as_reference(base):
+    """Each sink-aware attention in `base` as its reference class for the duration (rules/attention_sinks.py)."""
+    with contextlib.ExitStack() as stack:
+        for module in base.modules():
+            cls = type(module)
+            options = getattr(cls, "_fused_ops_options", ())
+            if dict(options).get("sink_attention") is True:
+                reference = tuple((name, "reference" if name == "sink_attention" else value) for name, value in options)
+                stack.enter_context(probe.as_class(module, fused_class(cls.__bases__[0], cls._fused_ops_kind,
+                                                                       reference)))
+        yield
 
 
 def _eager_attention_takes_markers(base):
