@@ -74,6 +74,34 @@ def test_gpt_oss_heads_on_the_flash_kernels(device, dtype, window):
     check(inputs, 0.125, window, dtype, tolerance_scale=4.0)
 
 
+@pytest.mark.cuda_only
+@pytest.mark.parametrize("window", [0, 16])
+def test_biased_values_on_the_flash_kernels_as_close_as_eager(device, window):
+    """Values and keys with a large common part (projection biases) and near-uniform attention: bfloat16 on the
+    flash kernels, every gradient is as close to float64 as gpt-oss's eager attention's in bfloat16 (the values'
+    common part kept out of flash's rounded output, which the backward's row sums would carry into dq)."""
+    generator = torch.Generator().manual_seed(3)
+    batch, length, heads, key_heads, head_size = 2, 40, 8, 2, 64
+    bias = lambda *shape: torch.rand(*shape, generator=generator) * 0.5 + 0.25
+    noise = lambda *shape: torch.randn(*shape, generator=generator) * 0.1
+    query = noise(batch, length, heads, head_size) + bias(heads, head_size)
+    key = noise(batch, length, key_heads, head_size) + bias(key_heads, head_size)
+    value = noise(batch, length, key_heads, head_size) + bias(key_heads, head_size)
+    sinks = bias(heads)
+    exact = [t.double().requires_grad_(True) for t in (query, key, value, sinks)]
+    want = eager_reference(*exact, 0.125, window)
+    grad = torch.randn(want.shape, generator=generator, dtype=torch.float64)
+    expected = torch.autograd.grad(want, exact, grad)
+    half = [t.to(device=device, dtype=torch.bfloat16).requires_grad_(True) for t in (query, key, value, sinks)]
+    fused = torch.autograd.grad(fused_ops.attention_with_sinks(*half, 0.125, window), half,
+                                grad.to(device=device, dtype=torch.bfloat16))
+    eager = torch.autograd.grad(eager_reference(*half, 0.125, window), half,
+                                grad.to(device=device, dtype=torch.bfloat16))
+    distance = lambda got, want: ((got.double().cpu() - want).norm() / want.norm()).item()
+    for name, got, stock, exact_gradient in zip(("query", "key", "value", "sinks"), fused, eager, expected):
+        assert distance(got, exact_gradient) <= 1.5 * distance(stock, exact_gradient) + 2.0 ** -9, name
+
+
 def test_sinks_of_another_dtype(device):
     """bfloat16 heads with float32 sinks (a model whose sinks stay in float32): the sinks' gradient in float32."""
     query, key, value, sinks = make_inputs(1, 9, 4, 2, 8, torch.bfloat16, device)
