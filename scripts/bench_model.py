@@ -24,7 +24,7 @@ variant's tokens/s and peak memory relative to its family's stock_compile and to
 replayed as a CUDA graph); it is on by default for llama3.2-1b only. --profile adds each variant's
 kernels of one step by GPU time, summed by kind. --smoke runs a tiny config of each family on the CPU
 (its default layers, eager variants, two steps; Liger's model is only patched and built, its kernels need a GPU).
-Results: OUT/model.json, a table on stdout and in OUT/model.md, OUT/model.png, rows appended to --csv.
+Results: OUT/model.json, a table on stdout and in OUT/model.md, OUT/model.png, rows appended to --csv as each variant finishes.
 
     python scripts/bench_model.py [--family llama3.2-1b | --families qwen3-1.7b gemma3-1b | --family all]
                                   [--variants ...] [--layers N] [--batch 8] [--sequence 2048] [--steps 6]
@@ -501,6 +501,7 @@ def main():
     liger_found = importlib.util.find_spec("liger_kernel") is not None
     import torch
     device = "CPU (smoke)" if args.smoke else torch.cuda.get_device_name()
+    csv_path = args.csv or os.path.join(args.out, "model_results.csv")
     results = []
     for family in families:
         layers = args.layers or FAMILIES[family]["layers"]
@@ -512,6 +513,8 @@ def main():
             else:
                 results.append(run_variant(args, family, layers, variant, decode_on))
             print(json.dumps(results[-1]), flush=True)
+            # Each variant's row as it finishes: a run stopped part-way keeps the rows it has.
+            append_csv(csv_path, csv_rows(results[-1:], args, device, torch.__version__))
     add_relative(results)
     heading = (f"{device}, torch {torch.__version__}, {args.batch} x {args.sequence} tokens, bf16, AdamW ({args.optimizer}); "
                f"layers of each family as listed")
@@ -523,8 +526,6 @@ def main():
                    "batch": args.batch, "sequence": args.sequence, "families": families, "results": results},
                   file, indent=1)
     plot(results, os.path.join(args.out, "model.png"))
-    append_csv(args.csv or os.path.join(args.out, "model_results.csv"),
-               csv_rows(results, args, device, torch.__version__))
     failed = [f"{r['family']} {r['variant']}" for r in results if "error" in r]
     if failed:
         print("failed: " + ", ".join(failed))
