@@ -398,6 +398,7 @@ TORCH_LIBRARY_IMPL(fused, Autograd, m) {
   using namespace fused_ops::moe_autograd;
   m.impl("moe_permute", &moe_permute_autograd);
   m.impl("moe_expert_mlp", &moe_expert_mlp_autograd);
+  m.impl("moe_expert_mlp_keeping_gate_up", &NotDifferentiable<moe_expert_mlp_keeping_gate_up_op>::call);
   m.impl("moe_expert_mlp_backward", &NotDifferentiable<moe_expert_mlp_backward_op>::call);
   m.impl("moe_unpermute", &moe_unpermute_autograd);
   m.impl("moe_unpermute_backward", &NotDifferentiable<moe_unpermute_backward_op>::call);

@@ -1,6 +1,7 @@
 #pragma once
 // Autograd of the experts' ops. moe_expert_mlp's node saves its inputs only (the hidden states, the routing and
-// the weights): its backward op gathers the rows and recomputes the gate/up product and the activation.
+// the weights): its backward op gathers the rows and recomputes the gate/up product and the activation; with
+// recompute=False it also saves the gate/up product (moe_expert_mlp_keeping_gate_up's), which the backward takes.
 // moe_unpermute's saves the routing, and its rows only where the routing weights take a gradient.
 #include "autograd.h"
 #include "checks.h"
@@ -15,11 +16,14 @@ using TensorRef = const at::Tensor&;
 
 inline const FusedOp<TwoTensors(TensorRef, int64_t)> moe_permute_op{"fused::moe_permute"};
 inline const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&,
-                                const OptionalTensor&, c10::string_view, bool, bool, double, double)>
+                                const OptionalTensor&, c10::string_view, bool, bool, double, double, bool)>
     moe_expert_mlp_op{"fused::moe_expert_mlp"};
+inline const FusedOp<TwoTensors(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, const OptionalTensor&,
+                                const OptionalTensor&, c10::string_view, bool, bool, double, double)>
+    moe_expert_mlp_keeping_gate_up_op{"fused::moe_expert_mlp_keeping_gate_up"};
 inline const FusedOp<SixTensors(TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef, TensorRef,
                                 const OptionalTensor&, const OptionalTensor&, c10::string_view, bool, bool, double,
-                                double, std::array<bool, 6>)>
+                                double, std::array<bool, 6>, const OptionalTensor&)>
     moe_expert_mlp_backward_op{"fused::moe_expert_mlp_backward"};
 inline const FusedOp<at::Tensor(TensorRef, TensorRef, TensorRef, int64_t, const OptionalTensor&)> moe_unpermute_op{
     "fused::moe_unpermute"};
@@ -38,10 +42,19 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
                             const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                             const OptionalTensor& gate_up_bias, const OptionalTensor& down_bias,
                             c10::string_view activation, bool transposed, bool interleaved, double alpha,
-                            double limit) {
+                            double limit, bool recompute) {
     at::AutoDispatchBelowADInplaceOrView below_autograd;
+    at::Tensor rows, gate_up;
+    if (recompute) {
+      rows = moe_expert_mlp_op(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
+                               down_bias, activation, transposed, interleaved, alpha, limit, recompute);
+    } else {
+      std::tie(rows, gate_up) =
+          moe_expert_mlp_keeping_gate_up_op(hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
+                                            gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit);
+    }
     ctx->save_for_backward({hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
-                            gate_up_bias.value_or(at::Tensor()), down_bias.value_or(at::Tensor())});
+                            gate_up_bias.value_or(at::Tensor()), down_bias.value_or(at::Tensor()), gate_up});
     // An absent bias has no input slot to ask.
     ctx->saved_data["gate_up_bias_needs_grad"] = requires_grad(gate_up_bias);
     ctx->saved_data["down_bias_needs_grad"] = requires_grad(down_bias);
@@ -50,8 +63,7 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
     ctx->saved_data["interleaved"] = interleaved;
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["limit"] = limit;
-    return moe_expert_mlp_op(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
-                             down_bias, activation, transposed, interleaved, alpha, limit);
+    return rows;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -64,11 +76,12 @@ class MoeExpertMlpFunction : public torch::autograd::Function<MoeExpertMlpFuncti
                                    optional_of(saved[6]), optional_of(saved[7]),
                                    ctx->saved_data["activation"].toStringRef(), ctx->saved_data["transposed"].toBool(),
                                    ctx->saved_data["interleaved"].toBool(), ctx->saved_data["alpha"].toDouble(),
-                                   ctx->saved_data["limit"].toDouble(), mask);
+                                   ctx->saved_data["limit"].toDouble(), mask, optional_of(saved[8]));
     auto kept = [](bool wanted, const at::Tensor& gradient) { return wanted ? gradient : at::Tensor(); };
     return {kept(mask[0], grad_hidden), at::Tensor(), at::Tensor(), kept(mask[1], grad_routing),
             kept(mask[2], grad_gate_up), kept(mask[3], grad_down), kept(mask[4], grad_gate_up_bias),
-            kept(mask[5], grad_down_bias), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+            kept(mask[5], grad_down_bias), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -115,12 +128,13 @@ inline at::Tensor moe_expert_mlp_autograd(const at::Tensor& hidden, const at::Te
                                           const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
                                           const at::Tensor& down_weight, const OptionalTensor& gate_up_bias,
                                           const OptionalTensor& down_bias, c10::string_view activation,
-                                          bool transposed, bool interleaved, double alpha, double limit) {
+                                          bool transposed, bool interleaved, double alpha, double limit,
+                                          bool recompute) {
   check_no_transform("fused::moe_expert_mlp", hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias,
                      down_bias);
   return AutogradKernel<MoeExpertMlpFunction, moe_expert_mlp_op>::call(
       hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias, activation,
-      transposed, interleaved, alpha, limit);
+      transposed, interleaved, alpha, limit, recompute);
 }
 
 inline at::Tensor moe_unpermute_autograd(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,

@@ -115,6 +115,18 @@ void check_moe_expert_mlp_grad(const at::Tensor& grad, const at::Tensor& hidden,
               hidden.sym_size(1), "], but got shape ", grad.sym_sizes());
 }
 
+void check_moe_kept_gate_up(const std::optional<at::Tensor>& gate_up, const at::Tensor& hidden, const at::Tensor& order,
+                            const at::Tensor& gate_up_weight, bool transposed) {
+  if (!gate_up.has_value() || !gate_up->defined()) return;
+  constexpr const char* op = "moe_expert_mlp_backward";
+  check_same_dtype(op, "gate_up", *gate_up, "hidden_states", hidden);
+  check_same_device(op, "gate_up", *gate_up, "hidden_states", hidden);
+  const c10::SymInt width = gate_up_weight.sym_size(transposed ? 2 : 1);
+  TORCH_CHECK(gate_up->dim() == 2 && gate_up->sym_size(0) == order.sym_size(0) && gate_up->sym_size(1) == width,
+              "fused::", op, ": expected gate_up (the forward's gate/up product) of shape [order.size(0) = ",
+              order.sym_size(0), ", 2 * intermediate = ", width, "], but got shape ", gate_up->sym_sizes());
+}
+
 namespace {
 
 // order, offsets, top_k and routing_weights of `pairs` rows, against `reference` (rows, or grad).

@@ -23,6 +23,9 @@ MoeExpertOptions check_moe_expert_mlp_arguments(const char* op, const at::Tensor
                                                 double alpha, double limit);
 // grad: [T * top_k, H] floating, on hidden's device.
 void check_moe_expert_mlp_grad(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order);
+// gate_up (none, or the forward's kept gate/up product): [T * top_k, 2I] of hidden's dtype and device.
+void check_moe_kept_gate_up(const std::optional<at::Tensor>& gate_up, const at::Tensor& hidden, const at::Tensor& order,
+                            const at::Tensor& gate_up_weight, bool transposed);
 // rows [S, H] floating; order [S] int64; offsets [E] int32; top_k >= 1 dividing S; routing_weights [S / top_k,
 // top_k] floating.
 void check_moe_unpermute_arguments(const char* op, const at::Tensor& rows, const at::Tensor& order,

@@ -59,6 +59,7 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LogProbs>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LogProbs>);
   m.impl("moe_expert_mlp", &moe_expert_mlp_entry<Moe>);
+  m.impl("moe_expert_mlp_keeping_gate_up", &moe_expert_mlp_keeping_gate_up_entry<Moe>);
   m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<Moe>);
   m.impl("moe_unpermute", &moe_unpermute_entry<Moe>);
   m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<Moe>);

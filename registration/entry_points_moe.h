@@ -11,21 +11,23 @@ namespace fused_ops {
 
 template <const MoeRowKernels* kKernels>
 struct MoeBackend {
-  static at::Tensor expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
-                               const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
-                               const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
-                               const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options) {
+  static std::tuple<at::Tensor, at::Tensor> expert_mlp(const at::Tensor& hidden, const at::Tensor& order,
+                                                        const at::Tensor& offsets, const at::Tensor& routing_weights,
+                                                        const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                                        const std::optional<at::Tensor>& gate_up_bias,
+                                                        const std::optional<at::Tensor>& down_bias,
+                                                        const MoeExpertOptions& options, bool keep_gate_up) {
     return moe_expert_mlp(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
-                          down_bias, options, *kKernels);
+                          down_bias, options, keep_gate_up, *kKernels);
   }
   static SixTensors expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
                                         const at::Tensor& offsets, const at::Tensor& routing_weights,
                                         const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                         const std::optional<at::Tensor>& gate_up_bias,
                                         const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
-                                        std::array<bool, 6> output_mask) {
+                                        std::array<bool, 6> output_mask, const std::optional<at::Tensor>& gate_up) {
     return moe_expert_mlp_backward(grad, hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
-                                   gate_up_bias, down_bias, options, output_mask, *kKernels);
+                                   gate_up_bias, down_bias, options, output_mask, gate_up, *kKernels);
   }
   static at::Tensor unpermute(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,
                               int64_t top_k, const std::optional<at::Tensor>& routing_weights) {
@@ -45,18 +47,33 @@ inline std::tuple<at::Tensor, at::Tensor> moe_permute_entry(const at::Tensor& to
   return moe_permute(top_k_index, num_experts);
 }
 
+// recompute only tells the autograd node what to keep: the values are the same.
 template <typename Backend>
 at::Tensor moe_expert_mlp_entry(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
                                 const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
                                 const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
                                 const std::optional<at::Tensor>& down_bias, c10::string_view activation,
-                                bool transposed, bool interleaved, double alpha, double limit) {
+                                bool transposed, bool interleaved, double alpha, double limit, bool /*recompute*/) {
   const MoeExpertOptions options =
       check_moe_expert_mlp_arguments("moe_expert_mlp", hidden, order, offsets, routing_weights, gate_up_weight,
                                      down_weight, gate_up_bias, down_bias, activation, transposed, interleaved,
                                      alpha, limit);
+  return std::get<0>(Backend::expert_mlp(hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
+                                         gate_up_bias, down_bias, options, /*keep_gate_up=*/false));
+}
+
+template <typename Backend>
+std::tuple<at::Tensor, at::Tensor> moe_expert_mlp_keeping_gate_up_entry(
+    const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets, const at::Tensor& routing_weights,
+    const at::Tensor& gate_up_weight, const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
+    const std::optional<at::Tensor>& down_bias, c10::string_view activation, bool transposed, bool interleaved,
+    double alpha, double limit) {
+  const MoeExpertOptions options =
+      check_moe_expert_mlp_arguments("moe_expert_mlp_keeping_gate_up", hidden, order, offsets, routing_weights,
+                                     gate_up_weight, down_weight, gate_up_bias, down_bias, activation, transposed,
+                                     interleaved, alpha, limit);
   return Backend::expert_mlp(hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias,
-                             down_bias, options);
+                             down_bias, options, /*keep_gate_up=*/true);
 }
 
 template <typename Backend>
@@ -66,14 +83,15 @@ SixTensors moe_expert_mlp_backward_entry(const at::Tensor& grad, const at::Tenso
                                          const std::optional<at::Tensor>& gate_up_bias,
                                          const std::optional<at::Tensor>& down_bias, c10::string_view activation,
                                          bool transposed, bool interleaved, double alpha, double limit,
-                                         std::array<bool, 6> output_mask) {
+                                         std::array<bool, 6> output_mask, const std::optional<at::Tensor>& gate_up) {
   const MoeExpertOptions options =
       check_moe_expert_mlp_arguments("moe_expert_mlp_backward", hidden, order, offsets, routing_weights,
                                      gate_up_weight, down_weight, gate_up_bias, down_bias, activation, transposed,
                                      interleaved, alpha, limit);
   check_moe_expert_mlp_grad(grad, hidden, order);
+  check_moe_kept_gate_up(gate_up, hidden, order, gate_up_weight, transposed);
   return Backend::expert_mlp_backward(grad, hidden, order, offsets, routing_weights, gate_up_weight, down_weight,
-                                      gate_up_bias, down_bias, options, output_mask);
+                                      gate_up_bias, down_bias, options, output_mask, gate_up);
 }
 
 template <typename Backend>

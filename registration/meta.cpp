@@ -139,18 +139,23 @@ struct LinearLogProbsMeta {
 // The experts' ops: [pairs, H] rows in the promoted dtype of the hidden states and routing weights (the
 // weighting's), [tokens, H] sums; the gradients not asked for are empty.
 struct MoeMeta {
-  static at::Tensor expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor&,
-                               const at::Tensor& routing_weights, const at::Tensor&, const at::Tensor&,
-                               const OptionalTensor&, const OptionalTensor&, const MoeExpertOptions&) {
-    return at::empty_symint({order.sym_size(0), hidden.sym_size(1)},
-                            hidden.options().dtype(at::promote_types(hidden.scalar_type(),
-                                                                     routing_weights.scalar_type())));
+  static std::tuple<at::Tensor, at::Tensor> expert_mlp(const at::Tensor& hidden, const at::Tensor& order,
+                                                        const at::Tensor&, const at::Tensor& routing_weights,
+                                                        const at::Tensor& gate_up_weight, const at::Tensor&,
+                                                        const OptionalTensor&, const OptionalTensor&,
+                                                        const MoeExpertOptions& options, bool keep_gate_up) {
+    const at::Tensor rows = at::empty_symint(
+        {order.sym_size(0), hidden.sym_size(1)},
+        hidden.options().dtype(at::promote_types(hidden.scalar_type(), routing_weights.scalar_type())));
+    if (!keep_gate_up) return {rows, at::Tensor()};
+    return {rows, at::empty_symint({order.sym_size(0), gate_up_weight.sym_size(options.transposed ? 2 : 1)},
+                                   hidden.options())};
   }
   static SixTensors expert_mlp_backward(const at::Tensor&, const at::Tensor& hidden, const at::Tensor&,
                                         const at::Tensor&, const at::Tensor& routing_weights,
                                         const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                         const OptionalTensor& gate_up_bias, const OptionalTensor& down_bias,
-                                        const MoeExpertOptions&, std::array<bool, 6> mask) {
+                                        const MoeExpertOptions&, std::array<bool, 6> mask, const OptionalTensor&) {
     auto gradient = [](bool wanted, const at::Tensor* like, const at::Tensor& fallback) {
       return wanted && like != nullptr ? like_contiguous(*like) : at::empty({0}, fallback.options());
     };
@@ -211,6 +216,7 @@ TORCH_LIBRARY_IMPL(fused, Meta, m) {
   m.impl("linear_log_probs_with_log_sum_exp", &linear_log_probs_with_log_sum_exp_entry<LinearLogProbsMeta>);
   m.impl("linear_log_probs_backward", &linear_log_probs_backward_entry<LinearLogProbsMeta>);
   m.impl("moe_expert_mlp", &moe_expert_mlp_entry<MoeMeta>);
+  m.impl("moe_expert_mlp_keeping_gate_up", &moe_expert_mlp_keeping_gate_up_entry<MoeMeta>);
   m.impl("moe_expert_mlp_backward", &moe_expert_mlp_backward_entry<MoeMeta>);
   m.impl("moe_unpermute", &moe_unpermute_entry<MoeMeta>);
   m.impl("moe_unpermute_backward", &moe_unpermute_backward_entry<MoeMeta>);

@@ -136,16 +136,25 @@ TORCH_LIBRARY(fused, m) {
   // interleaved columns) and down_weight [E, H, I] (transposed: [E, H, 2I] and [E, I, H]); activation 'silu',
   // 'gelu', 'gelu_tanh' or 'swiglu_oai' (gpt-oss: (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g =
   // clamp(gate, max=limit)); 0 for pairs of no expert. Its autograd node saves the inputs alone; the backward
-  // recomputes the gathered rows, the gate/up product and the activation.
+  // recomputes the gathered rows, the gate/up product and the activation. recompute=False: the node keeps the
+  // gate/up product [T * top_k, 2I] too (from moe_expert_mlp_keeping_gate_up), and the backward takes it.
   m.def("moe_expert_mlp(Tensor hidden_states, Tensor order, Tensor offsets, Tensor routing_weights, "
         "Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias=None, Tensor? down_bias=None, "
-        "str activation='silu', bool transposed=False, bool interleaved=False, float alpha=1.702, float limit=7.0) -> Tensor",
+        "str activation='silu', bool transposed=False, bool interleaved=False, float alpha=1.702, float limit=7.0, "
+        "bool recompute=True) -> Tensor",
+        tags);
+  // moe_expert_mlp's rows and its gate/up product (bias added; 0 for pairs of no expert).
+  m.def("moe_expert_mlp_keeping_gate_up(Tensor hidden_states, Tensor order, Tensor offsets, Tensor routing_weights, "
+        "Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias, Tensor? down_bias, str activation, "
+        "bool transposed, bool interleaved, float alpha, float limit) -> (Tensor rows, Tensor gate_up)",
         tags);
   // The gradients where output_mask says (hidden_states, routing_weights, gate_up_weight, down_weight,
-  // gate_up_bias, down_bias); the others are empty.
+  // gate_up_bias, down_bias); the others are empty. gate_up: the forward's kept gate/up product, or None
+  // (recomputed).
   m.def("moe_expert_mlp_backward(Tensor grad, Tensor hidden_states, Tensor order, Tensor offsets, "
         "Tensor routing_weights, Tensor gate_up_weight, Tensor down_weight, Tensor? gate_up_bias, Tensor? down_bias, "
-        "str activation, bool transposed, bool interleaved, float alpha, float limit, bool[6] output_mask) -> "
+        "str activation, bool transposed, bool interleaved, float alpha, float limit, bool[6] output_mask, "
+        "Tensor? gate_up=None) -> "
         "(Tensor grad_hidden_states, "
         "Tensor grad_routing_weights, Tensor grad_gate_up_weight, Tensor grad_down_weight, Tensor grad_gate_up_bias, "
         "Tensor grad_down_bias)",

@@ -305,7 +305,7 @@ def append_csv(result, path, fused_label):
         if new_file:
             writer.writerow(CSV_COLUMNS)
         for row in result["rows"]:
-            for variant in ("fused", "eager", "compile", "liger", "trl"):
+            for variant in ("fused", "fused_kept_gate_up", "eager", "compile", "liger", "trl"):
                 if f"{variant}_us" not in row:
                     continue
                 writer.writerow([row["op"], "x".join(map(str, row["shape"])), row["dtype"], row["mode"],

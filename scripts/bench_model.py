@@ -44,6 +44,8 @@ from datetime import date
 
 VARIANTS = ["stock_eager", "stock_compile", "fused_eager", "fused_compile", "liger_eager", "liger_compile"]
 LIGER_VARIANTS = ("liger_eager", "liger_compile")
+# Fused, the experts keeping their gate/up product for the backward (fused_ops.experts.set_recompute): on request.
+KEPT_GATE_UP_VARIANTS = ("fused_kept_gate_up_eager", "fused_kept_gate_up_compile")
 
 
 def gemma3_layer_types(layers):
@@ -151,6 +153,8 @@ def build_model(args, variant, device):
         import fused_ops
         start = time.perf_counter()
         fused_ops.fuse(model)
+        if variant in KEPT_GATE_UP_VARIANTS:
+            fused_ops.experts.set_recompute(model, False)
         model.fuse_seconds = time.perf_counter() - start
         with open(os.path.join(args.out, f"fuse_{args.family}.txt"), "w") as file:
             file.write(f"{model.fused_ops_report}\nfuse() took {model.fuse_seconds:.1f} s\n")
@@ -461,8 +465,9 @@ def main():
                         help="one family (default llama3.2-1b), or all of them")
     parser.add_argument("--families", nargs="+", default=None, choices=list(FAMILIES),
                         help="several families in one run and one table")
-    parser.add_argument("--variants", nargs="+", default=None, choices=VARIANTS,
-                        help="default: all six (--smoke: the eager ones)")
+    parser.add_argument("--variants", nargs="+", default=None, choices=VARIANTS + list(KEPT_GATE_UP_VARIANTS),
+                        help="default: the first six (--smoke: the eager ones); fused_kept_gate_up_*: fused with "
+                        "the experts keeping their gate/up product")
     parser.add_argument("--layers", type=int, default=None, help="default: the family's (see above)")
     parser.add_argument("--batch", type=int, default=None, help="default 8 (--smoke: 2)")
     parser.add_argument("--sequence", type=int, default=None, help="default 2048 (--smoke: 64)")

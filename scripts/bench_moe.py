@@ -1,7 +1,8 @@
 """Benchmark the experts' ops (moe_permute + moe_expert_mlp + moe_unpermute), forward + backward, against
 transformers' grouped_mm experts implementation (eager and under torch.compile) and Liger-Kernel's fused MoE
 (`LigerFusedMoEFunction`, what its LigerExperts runs; left out where liger-kernel is not importable) in one
-run on one GPU (bf16).
+run on one GPU (bf16); the experts ops both recomputing the gate/up product in the backward (the default) and
+keeping it (`recompute=False`, variant fused_kept_gate_up).
 
 A layer of Qwen3-30B-A3B by default: 8192 tokens, top-8 of 128 experts, H 2048, I 768, SiLU gate, router
 weights from a softmax over random logits. The loss weighs the output by a random tensor; gradients reach the
@@ -27,7 +28,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench import (copy_bandwidth_gbs, median_time_us, peak_memory_mb, relative_error,  # noqa: E402
                    saved_activation_mb, write_variant_result)
 
-VARIANTS = ["fused", "eager", "compile", "liger"]  # eager / compile: transformers' grouped_mm implementation
+# eager / compile: transformers' grouped_mm implementation; fused_kept_gate_up: recompute=False.
+VARIANTS = ["fused", "fused_kept_gate_up", "eager", "compile", "liger"]
 
 
 class Experts(torch.nn.Module):
@@ -74,7 +76,11 @@ def main():
 
     def fused(x, index, weights):
         return fused_ops.moe_experts(x, index, weights, module.gate_up_proj, module.down_proj)
-    forwards = {"fused": fused, "eager": stock, "compile": torch.compile(stock)}
+
+    def fused_kept_gate_up(x, index, weights):
+        return fused_ops.moe_experts(x, index, weights, module.gate_up_proj, module.down_proj, recompute=False)
+    forwards = {"fused": fused, "fused_kept_gate_up": fused_kept_gate_up, "eager": stock,
+                "compile": torch.compile(stock)}
     if importlib.util.find_spec("liger_kernel") is not None:
         from liger_kernel.ops import LigerFusedMoEFunction
 
@@ -117,6 +123,9 @@ def main():
     summary = {"speedup_vs_grouped_mm": base["ms"] / results["fused"]["ms"],
                **({"speedup_vs_liger": results["liger"]["ms"] / results["fused"]["ms"]} if "liger" in results else {}),
                "speedup_vs_compiled_grouped_mm": results["compile"]["ms"] / results["fused"]["ms"],
+               "kept_gate_up_speedup_vs_compiled_grouped_mm":
+                   results["compile"]["ms"] / results["fused_kept_gate_up"]["ms"],
+               "kept_gate_up_saved_vs_grouped_mm": results["fused_kept_gate_up"]["saved_mb"] / max(base["saved_mb"], 1e-9),
                "saved_vs_grouped_mm": results["fused"]["saved_mb"] / max(base["saved_mb"], 1e-9),
                "peak_vs_grouped_mm": results["fused"]["peak_mb"] / max(base["peak_mb"], 1e-9)}
     write_variant_result("bench_moe", [row], results, summary, copy_gbs, args.out, args.csv)

@@ -299,12 +299,15 @@ def moe_experts_on_dtensors(device):
     grad = torch.randn(expected.shape, generator=generator, dtype=torch.float64).to(device)
     expected_grads = torch.autograd.grad(expected, leaves, grad)
     placements = [[Replicate()], [Replicate()], [Shard(0)], [Shard(0)]]
-    inputs = [distribute_tensor(t, mesh, p).requires_grad_(True) for t, p in zip((x, weights, gate_up, down), placements)]
-    out = fused_ops.moe_experts(inputs[0], distribute_tensor(index, mesh, [Replicate()]), *inputs[1:])
-    torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
-    got = torch.autograd.grad(out, inputs, distribute_tensor(grad, mesh, [Replicate()]))
-    for value, want in zip(got, expected_grads):
-        torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
+    for recompute in (True, False):  # False: the kept gate/up product goes through the rules too
+        inputs = [distribute_tensor(t, mesh, p).requires_grad_(True)
+                  for t, p in zip((x, weights, gate_up, down), placements)]
+        out = fused_ops.moe_experts(inputs[0], distribute_tensor(index, mesh, [Replicate()]), *inputs[1:],
+                                    recompute=recompute)
+        torch.testing.assert_close(out.full_tensor(), expected.detach(), rtol=1e-12, atol=1e-12)
+        got = torch.autograd.grad(out, inputs, distribute_tensor(grad, mesh, [Replicate()]))
+        for value, want in zip(got, expected_grads):
+            torch.testing.assert_close(value.full_tensor(), want, rtol=1e-10, atol=1e-10)
     order, offsets = fused_ops.moe_permute(index, experts)
     rows = torch.randn(tokens * top_k, 2 * ranks, generator=generator, dtype=torch.float64).to(device)
     rows_leaf, weights_leaf = rows.clone().requires_grad_(True), weights.clone().requires_grad_(True)

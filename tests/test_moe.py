@@ -65,11 +65,12 @@ def reference(x, index, weights, gate_up, down, gate_up_bias, down_bias, activat
     return torch.stack(rows) if rows else x.new_zeros(x.shape)
 
 
-def check(inputs, activation="silu", transposed=False, dtype=torch.float32, **gate):
+def check(inputs, activation="silu", transposed=False, dtype=torch.float32, recompute=True, **gate):
+    """Output and gradients against the float64 loop; returns them (None without pairs)."""
     x, index, weights, gate_up, down, gate_up_bias, down_bias = inputs
     leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down, gate_up_bias, down_bias) if t is not None]
     out = fused_ops.moe_experts(x, index, weights, gate_up, down, gate_up_bias, down_bias, activation, transposed,
-                                **gate)
+                                recompute=recompute, **gate)
     leaves64 = [t.detach().double().cpu().requires_grad_(True) for t in leaves]
     biases64 = leaves64[4:] + [None] * (6 - len(leaves64))
     want = reference(leaves64[0], index.cpu(), leaves64[1], leaves64[2], leaves64[3], biases64[0], biases64[1],
@@ -79,7 +80,7 @@ def check(inputs, activation="silu", transposed=False, dtype=torch.float32, **ga
     tolerance = TOLERANCE[dtype] * 8
     torch.testing.assert_close(out.double().cpu(), want.detach(), rtol=tolerance, atol=tolerance * scale)
     if not want.numel():
-        return
+        return None
     grad = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     got = torch.autograd.grad(out, leaves, grad.to(out.device, out.dtype))
     expected = [torch.zeros_like(leaf) if g is None else g
@@ -87,6 +88,7 @@ def check(inputs, activation="silu", transposed=False, dtype=torch.float32, **ga
     for name, a, b in zip(("hidden", "routing weights", "gate_up", "down", "gate_up bias", "down bias"), got, expected):
         bound = max(1.0, b.abs().max().item())
         torch.testing.assert_close(a.double().cpu(), b, rtol=tolerance, atol=tolerance * bound, msg=name)
+    return (out.detach(), *got)
 
 
 @pytest.mark.parametrize("activation", list(ACTIVATIONS))
@@ -119,11 +121,31 @@ def test_interleaved_gate_and_up(device, activation):
     check(inputs, activation, False, torch.float64, interleaved=True)
 
 
-def test_every_pair_routed_elsewhere_and_no_tokens(device):
+@pytest.mark.parametrize("case", ["silu", "gelu_transposed_biases", "clamped_interleaved"])
+def test_kept_gate_up_product_gives_the_recomputed_results(device, dtype, case):
+    """recompute=False: the backward takes the forward's gate/up product instead of recomputing it; output and
+    every gradient are those of the float64 loop and bit for bit those of the recomputing backward (the same
+    products, pairs of no expert and experts without pairs included)."""
+    activation, transposed, bias, gate = {
+        "silu": ("silu", False, False, {}),
+        "gelu_transposed_biases": ("gelu", True, True, {}),
+        "clamped_interleaved": ("swiglu_oai", True, True, dict(interleaved=True, alpha=1.702, limit=3.0)),
+    }[case]
+    results = []
+    for recompute in (True, False):
+        inputs = list(make_inputs(9, 16, 8, 7, 2, dtype, device, bias=bias, transposed=transposed, foreign=0.2))
+        inputs[0] = inputs[0] * 4
+        results.append(check(inputs, activation, transposed, dtype, recompute=recompute, **gate))
+    for recomputed, kept in zip(*results):
+        assert torch.equal(recomputed, kept)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_every_pair_routed_elsewhere_and_no_tokens(device, recompute):
     inputs = make_inputs(4, 8, 4, 3, 2, torch.float64, device, foreign=1.0)
     assert not ((inputs[1] >= 0) & (inputs[1] < 3)).any()
-    check(inputs, dtype=torch.float64)
-    check(make_inputs(0, 8, 4, 3, 2, torch.float64, device), dtype=torch.float64)
+    check(inputs, dtype=torch.float64, recompute=recompute)
+    check(make_inputs(0, 8, 4, 3, 2, torch.float64, device), dtype=torch.float64, recompute=recompute)
 
 
 def test_output_and_hidden_gradient_are_deterministic(device):
@@ -197,17 +219,32 @@ def test_backward_keeps_the_inputs_not_the_pairs_activations():
     assert {shape for shape, _ in saved if len(shape) > 1} <= inputs, saved
 
 
+def test_kept_gate_up_product_is_all_the_backward_keeps_beyond_the_inputs():
+    """recompute=False keeps one [pairs, 2I] tensor, the gate/up product, and nothing else of the pairs'."""
+    tokens, hidden, intermediate, experts, top_k = 64, 32, 16, 8, 4
+    x, index, weights, gate_up, down, _, _ = make_inputs(tokens, hidden, intermediate, experts, top_k, torch.float32,
+                                                         "cpu")
+    for t in (x, weights, gate_up, down):
+        t.requires_grad_(True)
+    saved = saved_bytes(lambda: fused_ops.moe_experts(x, index, weights, gate_up, down, recompute=False))
+    pairs = [shape for shape, _ in saved if len(shape) == 2 and shape[0] == tokens * top_k]
+    assert pairs == [(tokens * top_k, 2 * intermediate)], saved
+    with torch.no_grad():  # nothing to keep without a graph
+        assert not saved_bytes(lambda: fused_ops.moe_experts(x, index, weights, gate_up, down, recompute=False))
+
+
 def test_gradcheck(device):
     x, index, weights, gate_up, down, gate_up_bias, down_bias = make_inputs(4, 6, 3, 3, 2, torch.float64, device,
                                                                             bias=True, foreign=0.2)
     order, offsets = fused_ops.moe_permute(index, 3)
     leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down, gate_up_bias, down_bias)]
 
-    def experts(x, weights, gate_up, down, gate_up_bias, down_bias):
-        rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias,
-                                              "swiglu_oai", False, True, 1.702, 1.0)
-        return torch.ops.fused.moe_unpermute(rows, order, offsets, 2, weights)
-    assert torch.autograd.gradcheck(experts, leaves)
+    for recompute in (True, False):
+        def experts(x, weights, gate_up, down, gate_up_bias, down_bias):
+            rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias,
+                                                  "swiglu_oai", False, True, 1.702, 1.0, recompute)
+            return torch.ops.fused.moe_unpermute(rows, order, offsets, 2, weights)
+        assert torch.autograd.gradcheck(experts, leaves)
 
 
 def test_backward_ops_are_not_differentiable(device):
@@ -217,6 +254,9 @@ def test_backward_ops_are_not_differentiable(device):
     with pytest.raises(RuntimeError, match="moe_expert_mlp_backward: not differentiable"):
         torch.ops.fused.moe_expert_mlp_backward(grad, x, order, offsets, weights, gate_up, down, None, None, "silu",
                                                 False, False, 1.702, 7.0, [True] * 6)
+    with pytest.raises(RuntimeError, match="moe_expert_mlp_keeping_gate_up: not differentiable"):
+        torch.ops.fused.moe_expert_mlp_keeping_gate_up(x.requires_grad_(True), order, offsets, weights, gate_up, down,
+                                                       None, None, "silu", False, False, 1.702, 7.0)
 
 
 @pytest.mark.parametrize("requires_grad", [False, True])
@@ -233,6 +273,12 @@ def test_opcheck(device, requires_grad, bias):
             (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "silu", False))
     opcheck(torch.ops.fused.moe_expert_mlp.default,
             (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "swiglu_oai", False, True, 1.702, 7.0))
+    opcheck(torch.ops.fused.moe_expert_mlp.default,
+            (x, order, offsets, weights, gate_up, down, gate_up_bias, down_bias, "silu", False, False, 1.702, 7.0,
+             False))
+    detached = [None if t is None else t.detach() for t in (x, weights, gate_up, down, gate_up_bias, down_bias)]
+    opcheck(torch.ops.fused.moe_expert_mlp_keeping_gate_up.default,
+            (detached[0], order, offsets, *detached[1:], "gelu", False, False, 1.702, 7.0))
     rows = torch.randn(10, 8, device=device, requires_grad=requires_grad)
     opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, weights))
     opcheck(torch.ops.fused.moe_unpermute.default, (rows, order, offsets, 2, None))
@@ -241,6 +287,11 @@ def test_opcheck(device, requires_grad, bias):
             (grad, x.detach(), order, offsets, weights.detach(), gate_up.detach(), down.detach(),
              None if gate_up_bias is None else gate_up_bias.detach(), None if down_bias is None else down_bias.detach(),
              "silu", False, False, 1.702, 7.0, [True] * 6))
+    _, kept = torch.ops.fused.moe_expert_mlp_keeping_gate_up(detached[0], order, offsets, *detached[1:], "silu",
+                                                             False, False, 1.702, 7.0)
+    opcheck(torch.ops.fused.moe_expert_mlp_backward.default,
+            (grad, detached[0], order, offsets, *detached[1:], "silu", False, False, 1.702, 7.0,
+             [True, True, False, True, bias, False], kept))
     opcheck(torch.ops.fused.moe_unpermute_backward.default,
             (torch.randn(5, 8, device=device), rows.detach(), order, offsets, 2, weights.detach(), [True, True]))
     opcheck(torch.ops.fused.moe_unpermute_backward.default,
@@ -248,24 +299,49 @@ def test_opcheck(device, requires_grad, bias):
 
 
 class Experts(torch.nn.Module):
+    def __init__(self, recompute=True):
+        super().__init__()
+        self.recompute = recompute
+
     def forward(self, x, index, weights, gate_up, down):
         order, offsets = torch.ops.fused.moe_permute(index, gate_up.shape[0])
-        rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, None, None, "silu", False)
+        rows = torch.ops.fused.moe_expert_mlp(x, order, offsets, weights, gate_up, down, None, None, "silu", False,
+                                              False, 1.702, 7.0, self.recompute)
         return torch.ops.fused.moe_unpermute(rows, order, offsets, index.shape[1], None)
 
 
-def test_compile_fullgraph_dynamic_forward_and_backward(device):
-    compiled = torch.compile(Experts(), fullgraph=True, dynamic=True)
+@pytest.mark.parametrize("recompute", [True, False])
+def test_compile_fullgraph_dynamic_forward_and_backward(device, recompute):
+    compiled = torch.compile(Experts(recompute), fullgraph=True, dynamic=True)
     for tokens in (5, 9):
         x, index, weights, gate_up, down, _, _ = make_inputs(tokens, 8, 4, 3, 2, torch.float32, device)
         leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down)]
         got_out = compiled(x, index, weights, gate_up, down)
-        want_out = Experts()(x, index, weights, gate_up, down)
+        want_out = Experts(recompute)(x, index, weights, gate_up, down)
         torch.testing.assert_close(got_out, want_out)
         got = torch.autograd.grad(got_out.square().sum(), leaves)
         want = torch.autograd.grad(want_out.square().sum(), leaves)
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+def test_compiled_graphs_pass_the_kept_gate_up_product_to_the_backward():
+    """Under torch.compile, recompute=False puts moe_expert_mlp_keeping_gate_up in the forward graph and its
+    gate/up product into the backward op; the default keeps moe_expert_mlp and passes none."""
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    for recompute, forward_op in ((True, torch.ops.fused.moe_expert_mlp.default),
+                                  (False, torch.ops.fused.moe_expert_mlp_keeping_gate_up.default)):
+        backend = AotEagerAndRecordGraphs()
+        x, index, weights, gate_up, down, _, _ = make_inputs(5, 8, 4, 3, 2, torch.float32, "cpu")
+        leaves = [t.requires_grad_(True) for t in (x, weights, gate_up, down)]
+        torch.compile(Experts(recompute), backend=backend, fullgraph=True)(*leaves[:1], index, *leaves[1:]).sum() \
+            .backward()
+        forward_targets = [n.target for g in backend.fw_graphs for n in g.graph.nodes if n.op == "call_function"]
+        backward = [n for g in backend.bw_graphs for n in g.graph.nodes
+                    if n.target is torch.ops.fused.moe_expert_mlp_backward.default]
+        assert forward_targets.count(forward_op) == 1 and len(backward) == 1, forward_targets
+        kept = backward[0].args[15] if len(backward[0].args) > 15 else backward[0].kwargs.get("gate_up")
+        assert (kept is None) == recompute, backward[0].args
 
 
 def test_export_keeps_the_three_ops(device):
@@ -321,9 +397,14 @@ def bad_moe_inputs(device):
          "fused::moe_expert_mlp: expected gate_up_bias of shape [experts = 3, 8], but got shape [3, 5]"),
         (lambda: fused_ops.moe_unpermute(torch.zeros(8, 8, device=device), order, offsets, 3),
          "fused::moe_unpermute: expected top_k >= 1 dividing the pairs (8), but got 3"),
+        (lambda: torch.ops.fused.moe_expert_mlp_backward(torch.zeros(8, 8, device=device), x, order, offsets, weights,
+                                                         gate_up, down, None, None, "silu", False, False, 1.702, 7.0,
+                                                         [True] * 6, torch.zeros(8, 4, device=device)),
+         "fused::moe_expert_mlp_backward: expected gate_up (the forward's gate/up product) of shape "
+         "[order.size(0) = 8, 2 * intermediate = 8], but got shape [8, 4]"),
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(11))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_moe_inputs(device), case)

@@ -31,11 +31,14 @@ def assert_step_matches(stock, fused, ids, run=None):
     hf_families.assert_gradients_match_stock(fused, stock, rtol=1e-3, atol=1e-6)
 
 
-@pytest.mark.parametrize("model_type", ["qwen3_moe", pytest.param("mixtral", marks=pytest.mark.slow)])
-def test_compiled_step_matches_stock(model_type):
-    """torch.compile of the fused model: the experts ops stay in the graph (no break at them)."""
+@pytest.mark.parametrize("model_type, recompute", [("qwen3_moe", True), ("qwen3_moe", False),
+                                                   pytest.param("mixtral", True, marks=pytest.mark.slow)])
+def test_compiled_step_matches_stock(model_type, recompute):
+    """torch.compile of the fused model: the experts ops stay in the graph (no break at them), recomputing
+    the gate/up product in the backward or keeping it."""
     stock = hf_families.build(model_type)
     fused = fuse(copy.deepcopy(stock))
+    fused_ops.experts.set_recompute(fused, recompute)
     ids = hf_families.batch(stock)
     compiled = torch.compile(fused)
     counts = torch._dynamo.utils.counters
@@ -70,6 +73,31 @@ def test_shared_experts_beside_the_routed_ones(model_type):
 
 
 MOE_FAMILIES = sorted(t for t, kinds in EXPECTED_FUSIONS.items() if "experts_gate" in kinds)
+
+
+@pytest.mark.parametrize("model_type", [
+    t if t in ("qwen3_moe", "gpt_oss") else pytest.param(t, marks=pytest.mark.slow) for t in MOE_FAMILIES])
+def test_experts_keeping_the_gate_up_product_give_the_stock_step(model_type):
+    """fused_ops.experts.set_recompute(model, False): every experts module's backward takes the forward's
+    gate/up product (one [pairs, 2I] tensor kept a layer) with the stock loss and gradients."""
+    stock = hf_families.build(model_type)
+    fused = fuse(copy.deepcopy(stock))
+    modules = [m for m in fused.modules() if type(m).__dict__.get("_fused_ops_kind") == "experts_gate"]
+    assert fused_ops.experts.set_recompute(fused, False) == len(modules) >= 1
+    ids = hf_families.batch(stock)
+    kept = []
+
+    def pack(tensor):
+        kept.append(tuple(tensor.shape))
+        return tensor
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        fused(input_ids=ids, labels=ids)
+    widths = {m.gate_up_proj.shape[2 if getattr(m, "is_transposed", False) else 1] for m in modules}
+    products = [shape for shape in kept if len(shape) == 2 and shape[1] in widths and
+                shape[0] == ids.numel() * stock.config.get_text_config().num_experts_per_tok]
+    calls = hf_families.fused_op_calls(lambda: fused(input_ids=ids, labels=ids))
+    assert len(products) == calls.get("moe_expert_mlp_keeping_gate_up", 0) >= 1, (kept, calls)
+    assert_step_matches(stock, fused, ids)
 
 
 def _step(model, ids):

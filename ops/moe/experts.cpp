@@ -75,19 +75,18 @@ at::Tensor row_weights(const at::Tensor& routing_weights, const at::Tensor& orde
   return routing_weights.reshape({-1}).index_select(0, order);
 }
 
-struct Recomputed {
+struct PairValues {
   at::Tensor x, gate_up, activation;
 };
 
-// The gathered rows, the gate/up product and the activation of every pair.
-Recomputed expert_activations(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
-                              const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
-                              const MoeExpertOptions& options, const MoeRowKernels& kernels) {
-  Recomputed result;
+// The gathered rows and the gate/up product of every pair (its bias added).
+PairValues gate_up_of_pairs(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
+                            const at::Tensor& gate_up_weight, const std::optional<at::Tensor>& gate_up_bias,
+                            const MoeExpertOptions& options, const MoeRowKernels& kernels) {
+  PairValues result;
   result.x = kernels.gather(hidden, order, offsets, options.top_k);
   result.gate_up = grouped_product(result.x, gate_up_weight, offsets, !options.transposed);
   if (given(gate_up_bias)) kernels.add_expert_bias(result.gate_up, *gate_up_bias, offsets, at::Tensor());
-  result.activation = experts_gate(result.gate_up, options, kernels);
   return result;
 }
 
@@ -105,13 +104,19 @@ at::Tensor moe_positions(const at::Tensor& order) {
   return at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
 }
 
-at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
-                          const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
-                          const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
-                          const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
-                          const MoeRowKernels& kernels) {
-  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
-  parts.gate_up = at::Tensor();
+std::tuple<at::Tensor, at::Tensor> moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order,
+                                                  const at::Tensor& offsets, const at::Tensor& routing_weights,
+                                                  const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                                  const std::optional<at::Tensor>& gate_up_bias,
+                                                  const std::optional<at::Tensor>& down_bias,
+                                                  const MoeExpertOptions& options, bool keep_gate_up,
+                                                  const MoeRowKernels& kernels) {
+  PairValues parts = gate_up_of_pairs(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
+  parts.x = at::Tensor();
+  // The grouped product leaves the rows of no expert unwritten: a kept product holds zeros there.
+  if (keep_gate_up) kernels.zero_rows_past_end(parts.gate_up, offsets);
+  parts.activation = experts_gate(parts.gate_up, options, kernels);
+  if (!keep_gate_up) parts.gate_up = at::Tensor();
   // The routing weight scales the activation before the (linear) down product: one pass over [S, I] rather
   // than over [S, H].
   const at::Tensor weights = row_weights(routing_weights, order).unsqueeze(1);
@@ -119,7 +124,7 @@ at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, con
   at::Tensor down = grouped_product(parts.activation, down_weight, offsets, !options.transposed);
   if (given(down_bias)) kernels.add_expert_bias(down, *down_bias, offsets, weights);
   kernels.zero_rows_past_end(down, offsets);  // pairs of no expert give 0
-  return down.to(at::promote_types(hidden.scalar_type(), routing_weights.scalar_type()));
+  return {down.to(at::promote_types(hidden.scalar_type(), routing_weights.scalar_type())), parts.gate_up};
 }
 
 SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
@@ -127,9 +132,17 @@ SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hid
                                    const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                    const std::optional<at::Tensor>& gate_up_bias,
                                    const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
-                                   std::array<bool, 6> output_mask, const MoeRowKernels& kernels) {
+                                   std::array<bool, 6> output_mask, const std::optional<at::Tensor>& kept_gate_up,
+                                   const MoeRowKernels& kernels) {
   const int64_t rows = order.numel();
-  Recomputed parts = expert_activations(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
+  PairValues parts;
+  if (given(kept_gate_up)) {  // the forward's product: the rows are gathered only for gate_up_weight's gradient
+    parts.gate_up = *kept_gate_up;
+    if (output_mask[2]) parts.x = kernels.gather(hidden, order, offsets, options.top_k);
+  } else {
+    parts = gate_up_of_pairs(hidden, order, offsets, gate_up_weight, gate_up_bias, options, kernels);
+  }
+  parts.activation = experts_gate(parts.gate_up, options, kernels);
   const at::Tensor weights = row_weights(routing_weights, order);  // [S]
   // Rows from the last offset on are never read below (the products and sums stop there), whatever they hold.
   const at::Tensor g = grad.to(down_weight.scalar_type());

@@ -10,7 +10,8 @@
 //                     down_weight [E, H, I] ([E, I, H] transposed); rows from end on are 0. Its autograd node
 //                     saves the op's inputs only: the backward gathers x, recomputes the gate/up product and the
 //                     activation, and takes each routing weight's gradient as dot(g W_down_e, activation) (no
-//                     [S, H] output kept).
+//                     [S, H] output kept). With recompute=False it also keeps the gate/up product [S, 2I]
+//                     (moe_expert_mlp_keeping_gate_up), which the backward then takes instead of that product.
 //   moe_unpermute:    out [T, H], out[t] = sum over j in order of w_p * rows[position of p] (w = 1 without
 //                     routing weights), pairs of no expert skipped; float32 sums, one rounding, no atomics.
 #include <ATen/ATen.h>
@@ -100,21 +101,27 @@ std::tuple<at::Tensor, at::Tensor> moe_permute(const at::Tensor& top_k_index, in
 // position [S]: where each pair is in `order` (position[order[s]] = s).
 at::Tensor moe_positions(const at::Tensor& order);
 
-at::Tensor moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order, const at::Tensor& offsets,
-                          const at::Tensor& routing_weights, const at::Tensor& gate_up_weight,
-                          const at::Tensor& down_weight, const std::optional<at::Tensor>& gate_up_bias,
-                          const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
-                          const MoeRowKernels& kernels);
+// The rows, and where keep_gate_up the gate/up product [S, 2I] (0 from end on) the backward can take instead of
+// recomputing it (undefined otherwise).
+std::tuple<at::Tensor, at::Tensor> moe_expert_mlp(const at::Tensor& hidden, const at::Tensor& order,
+                                                  const at::Tensor& offsets, const at::Tensor& routing_weights,
+                                                  const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
+                                                  const std::optional<at::Tensor>& gate_up_bias,
+                                                  const std::optional<at::Tensor>& down_bias,
+                                                  const MoeExpertOptions& options, bool keep_gate_up,
+                                                  const MoeRowKernels& kernels);
 
 using SixTensors = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// output_mask: hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias.
+// output_mask: hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias. kept_gate_up: the
+// forward's gate/up product (moe_expert_mlp with keep_gate_up), or none: recomputed.
 SixTensors moe_expert_mlp_backward(const at::Tensor& grad, const at::Tensor& hidden, const at::Tensor& order,
                                    const at::Tensor& offsets, const at::Tensor& routing_weights,
                                    const at::Tensor& gate_up_weight, const at::Tensor& down_weight,
                                    const std::optional<at::Tensor>& gate_up_bias,
                                    const std::optional<at::Tensor>& down_bias, const MoeExpertOptions& options,
-                                   std::array<bool, 6> output_mask, const MoeRowKernels& kernels);
+                                   std::array<bool, 6> output_mask, const std::optional<at::Tensor>& kept_gate_up,
+                                   const MoeRowKernels& kernels);
 
 at::Tensor moe_unpermute(const at::Tensor& rows, const at::Tensor& order, const at::Tensor& offsets,
                          const std::optional<at::Tensor>& routing_weights, int64_t top_k, const MoeRowKernels& kernels);

@@ -183,7 +183,8 @@ def moe_permute(top_k_index: Tensor, num_experts: int) -> Tuple[Tensor, Tensor]:
 def moe_expert_mlp(hidden_states: Tensor, order: Tensor, offsets: Tensor, routing_weights: Tensor,
                    gate_up_weight: Tensor, down_weight: Tensor, gate_up_bias: Optional[Tensor] = None,
                    down_bias: Optional[Tensor] = None, activation: str = "silu", transposed: bool = False,
-                   interleaved: bool = False, alpha: float = 1.702, limit: float = 7.0) -> Tensor:
+                   interleaved: bool = False, alpha: float = 1.702, limit: float = 7.0,
+                   recompute: bool = True) -> Tensor:
     """The experts' gated MLPs on the routed pairs, in `order`'s order ([T * top_k, H]): row s, for pair
     `p = order[s]` of token `t = p // top_k` and expert e, is `routing_weights[t, j] * down_e(act(gate_e(x)) *
     up_e(x))` with `x = hidden_states[t]`; 0 for a pair of no expert. `gate_up_weight` [E, 2I, H] holds
@@ -192,10 +193,12 @@ def moe_expert_mlp(hidden_states: Tensor, order: Tensor, offsets: Tensor, routin
     biases [E, 2I] and [E, H]; activation 'silu', 'gelu', 'gelu_tanh' (`act(gate) * up`) or 'swiglu_oai'
     (gpt-oss's `(clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g)` for `g = clamp(gate, max=limit)`).
     Its autograd node saves only its inputs: the backward gathers the rows again and recomputes the gate/up
-    product and the activation. Differentiable in the hidden states, routing weights, weights and biases.
+    product and the activation. `recompute=False` keeps the gate/up product too ([T * top_k, 2I]: 0.22x of what
+    transformers' grouped products keep at Qwen3-30B-A3B's shape) and skips that product in the backward.
+    Differentiable in the hidden states, routing weights, weights and biases.
     """
     return _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
-                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit)
+                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit, recompute)
 
 
 def moe_unpermute(rows: Tensor, order: Tensor, offsets: Tensor, top_k: int,
@@ -211,14 +214,14 @@ def moe_unpermute(rows: Tensor, order: Tensor, offsets: Tensor, top_k: int,
 def moe_experts(hidden_states: Tensor, top_k_index: Tensor, routing_weights: Tensor, gate_up_weight: Tensor,
                 down_weight: Tensor, gate_up_bias: Optional[Tensor] = None, down_bias: Optional[Tensor] = None,
                 activation: str = "silu", transposed: bool = False, interleaved: bool = False, alpha: float = 1.702,
-                limit: float = 7.0) -> Tensor:
+                limit: float = 7.0, recompute: bool = True) -> Tensor:
     """A mixture of experts' routed experts, [T, H] of `hidden_states`' dtype: for each token the sum over its
     `top_k` experts of `routing_weights[t, j] * expert(hidden_states[t])` (moe_permute, moe_expert_mlp,
     moe_unpermute). What the backward keeps: the hidden states and the routing, nothing of size
-    [T * top_k, ...]."""
+    [T * top_k, ...]; with `recompute=False` also the gate/up product (moe_expert_mlp)."""
     order, offsets = _moe_permute(top_k_index, gate_up_weight.shape[0])
     rows = _moe_expert_mlp(hidden_states, order, offsets, routing_weights, gate_up_weight, down_weight,
-                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit)
+                           gate_up_bias, down_bias, activation, transposed, interleaved, alpha, limit, recompute)
     return _moe_unpermute(rows, order, offsets, top_k_index.shape[-1], None).to(hidden_states.dtype)
 
 

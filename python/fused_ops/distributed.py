@@ -26,10 +26,11 @@ halves, is gathered on that dim first).
   replicated: both results (and `linear_log_probs_with_log_sum_exp`'s log-sum-exp) come out sharded like the
   target. Its backward takes the results' gradients and the forward's log-sum-exp and entropy sharded so and
   gives the input's gradient sharded like the input and the weight's and bias's `Partial`.
-- The experts' ops (`moe_permute`, `moe_expert_mlp` and their gradients) run replicated: their rows hold pairs
-  of tokens and experts in an order computed over the whole batch, and an expert's weights are read whole.
-  Experts sharded over a mesh are gathered to each rank for them. `moe_unpermute` and its gradient also run
-  on rows sharded on the hidden dim (the routing replicated), the routing weights' gradient then `Partial`.
+- The experts' ops (`moe_permute`, `moe_expert_mlp`, `moe_expert_mlp_keeping_gate_up` and their gradients) run
+  replicated: their rows hold pairs of tokens and experts in an order computed over the whole batch, and an
+  expert's weights are read whole. Experts sharded over a mesh are gathered to each rank for them.
+  `moe_unpermute` and its gradient also run on rows sharded on the hidden dim (the routing replicated), the
+  routing weights' gradient then `Partial`.
 - `attention_with_sinks` and its backward run on query, key and value (and the gradients) sharded alike on the
   batch, or on the heads with the sinks sharded with them (the key heads, fewer under GQA, split as evenly);
   the log-sum-exp follows on its batch or heads dim. The sinks' gradient is `Partial` over batch shards.
@@ -400,6 +401,7 @@ def _register_once():
             statistics=(log_sum_exp, entropy, kept_logits)))
     rule(ops.moe_permute)(lambda top_k_index, num_experts: _replicated(top_k_index, num_experts, outputs=2))
     rule(ops.moe_expert_mlp)(lambda *arguments: _replicated(*arguments))
+    rule(ops.moe_expert_mlp_keeping_gate_up)(lambda *arguments: _replicated(*arguments, outputs=2))
     rule(ops.moe_expert_mlp_backward)(lambda *arguments: _replicated(*arguments, outputs=6))
     rule(ops.moe_unpermute)(_moe_unpermute_rules)
     rule(ops.attention_with_sinks)(_attention_with_sinks_rules)
