@@ -5,6 +5,7 @@
 // moe_unpermute's saves the routing, and its rows only where the routing weights take a gradient.
 #include "autograd.h"
 #include "checks.h"
+#include "checks_moe.h"
 
 namespace fused_ops {
 namespace moe_autograd {
@@ -132,6 +133,12 @@ inline at::Tensor moe_expert_mlp_autograd(const at::Tensor& hidden, const at::Te
                                           bool recompute) {
   check_no_transform("fused::moe_expert_mlp", hidden, routing_weights, gate_up_weight, down_weight, gate_up_bias,
                      down_bias);
+  // An error names the op called, not moe_expert_mlp_keeping_gate_up, which the node runs for recompute=False.
+  if (!recompute) {
+    check_moe_expert_mlp_arguments("moe_expert_mlp", hidden, order, offsets, routing_weights, gate_up_weight,
+                                   down_weight, gate_up_bias, down_bias, activation, transposed, interleaved, alpha,
+                                   limit);
+  }
   return AutogradKernel<MoeExpertMlpFunction, moe_expert_mlp_op>::call(
       hidden, order, offsets, routing_weights, gate_up_weight, down_weight, gate_up_bias, down_bias, activation,
       transposed, interleaved, alpha, limit, recompute);

@@ -408,3 +408,13 @@ def bad_moe_inputs(device):
 @pytest.mark.parametrize("case", range(11))
 def test_bad_inputs(device, case):
     assert_bad_input_rejected(bad_moe_inputs(device), case)
+
+
+def test_bad_input_keeping_the_product_names_the_op_called(device):
+    """recompute=False with gradients runs moe_expert_mlp_keeping_gate_up inside the node: an error still names
+    moe_expert_mlp."""
+    x, index, weights, gate_up, down, _, _ = make_inputs(4, 8, 4, 3, 2, torch.float32, device)
+    order, offsets = fused_ops.moe_permute(index, 3)
+    x.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"^fused::moe_expert_mlp: expected order of size tokens \* top_k = 8"):
+        fused_ops.moe_expert_mlp(x, order[:-1], offsets, weights, gate_up, down, recompute=False)
