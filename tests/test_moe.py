@@ -344,9 +344,10 @@ def test_compiled_graphs_pass_the_kept_gate_up_product_to_the_backward():
         assert (kept is None) == recompute, backward[0].args
 
 
-def test_export_keeps_the_three_ops(device):
+@pytest.mark.parametrize("recompute", [True, False])
+def test_export_keeps_the_three_ops(device, recompute):
     inputs = make_inputs(6, 8, 4, 3, 2, torch.float32, device)[:5]
-    exported = torch.export.export(Experts(), inputs)
+    exported = torch.export.export(Experts(recompute), inputs)
     targets = [node.target for node in exported.graph.nodes if node.op == "call_function"]
     for op in (torch.ops.fused.moe_permute.default, torch.ops.fused.moe_expert_mlp.default,
                torch.ops.fused.moe_unpermute.default):
