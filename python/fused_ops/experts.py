@@ -47,10 +47,15 @@ def set_recompute(model: torch.nn.Module, recompute: bool) -> int:
     backward's five products skipped). The values are the same either way. Returns how many modules it set."""
     count = 0
     for module in model.modules():
-        if "gate_up_proj" in module._parameters and callable(getattr(type(module), "_apply_gate", None)):
+        if is_experts_module(module):
             setattr(module, _RECOMPUTE, bool(recompute))
             count += 1
     return count
+
+
+def is_experts_module(module) -> bool:
+    """A module of transformers' experts classes: a gate/up weight of its own and an `_apply_gate` method."""
+    return "gate_up_proj" in module._parameters and callable(getattr(type(module), "_apply_gate", None))
 
 
 def takes(experts) -> bool:

@@ -71,7 +71,7 @@ class ExpertsGateRule(Rule):
 
     def candidates(self, model):
         for name, module in model.named_modules():
-            if callable(getattr(type(module), "_apply_gate", None)) and "gate_up_proj" in module._parameters:
+            if fused_experts.is_experts_module(module):
                 yield name, module
 
     def summary(self, options):
